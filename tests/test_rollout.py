@@ -1,0 +1,88 @@
+"""Batches for probing: prompt encoding, greedy/seeded generation and the masks they carry."""
+
+import pytest
+import torch
+
+from mismatch.errors import InputError
+from mismatch.rollout import encode, generate, read_prompts, teacher_forced
+
+
+def _manual_greedy(model, prompt_ids, steps, eos):
+    """Obvious greedy decoding: one unpadded forward per token, stop after EOS."""
+    ids = list(prompt_ids)
+    for _ in range(steps):
+        with torch.no_grad():
+            nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(nxt)
+        if nxt == eos:
+            break
+    return ids[len(prompt_ids):]
+
+
+def test_greedy_generation_matches_manual_loop_and_masks(tiny):
+    lm = tiny("tiny-llama", 5)
+    prompts = ["ab", "hello world", "x"]
+    batch = generate(lm, prompts, max_new_tokens=9)
+    encoded = encode(lm.tokenizer, prompts, chat=False)
+    width = max(len(e) for e in encoded)
+    for row, ids in enumerate(encoded):
+        expected = _manual_greedy(lm.model, ids, 9, lm.tokenizer.eos_token_id)
+        resp = batch.input_ids[row][batch.response_mask[row].bool()].tolist()
+        assert resp == expected
+        # prompt left-padded, response right after it, attention covers prompt + response
+        assert batch.attention_mask[row].tolist() == [0] * (width - len(ids)) + [1] * (len(ids) + len(resp)) + \
+            [0] * (batch.input_ids.shape[1] - width - len(resp))
+        assert batch.response_mask[row, :width].sum() == 0
+
+
+def test_response_stops_at_first_eos(tiny):
+    lm = tiny("tiny-gpt2", 1)
+    eos = lm.tokenizer.eos_token_id
+    with torch.no_grad():  # make EOS the only likely token after a few steps: bias the head
+        model = lm.model
+        saved = model.lm_head.weight.detach().clone()
+        model.lm_head.weight[eos] += 5 * model.transformer.wte.weight.std()
+    try:
+        batch = generate(lm, ["abc", "defgh"], max_new_tokens=20, min_new_tokens=3)
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight.copy_(saved)
+    for row in range(2):
+        resp = batch.input_ids[row][batch.response_mask[row].bool()].tolist()
+        assert len(resp) >= 3
+        assert eos not in resp[:-1]  # only the last response token may be EOS
+        if len(resp) < 20:
+            assert resp[-1] == eos
+
+
+def test_sampling_is_seeded(tiny):
+    lm = tiny("tiny-qwen3")
+    a = generate(lm, ["abc", "de"], max_new_tokens=12, temperature=1.0, seed=4)
+    b = generate(lm, ["abc", "de"], max_new_tokens=12, temperature=1.0, seed=4)
+    c = generate(lm, ["abc", "de"], max_new_tokens=12, temperature=1.0, seed=5)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert not torch.equal(a.input_ids, c.input_ids)
+
+
+def test_teacher_forced_scores_all_but_first_token(tiny):
+    lm = tiny("tiny-llama")
+    batch = teacher_forced(lm, ["abcd", "xy"])
+    assert batch.response_mask.sum(1).tolist() == [3, 1]
+    assert batch.attention_mask.sum(1).tolist() == [4, 2]
+
+
+def test_bad_prompts(tiny, tmp_path):
+    lm = tiny("tiny-llama")
+    with pytest.raises(InputError, match="prompt 1 is empty"):
+        generate(lm, ["ok", "  "], max_new_tokens=2)
+    with pytest.raises(InputError, match="no prompts"):
+        teacher_forced(lm, [])
+    with pytest.raises(InputError, match="chat template"):
+        teacher_forced(lm, ["a"], chat=True)
+    with pytest.raises(InputError, match="not found"):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(InputError, match="no non-blank line"):
+        read_prompts(tmp_path / "blank.txt")
+    with pytest.raises(InputError, match="max_new_tokens"):
+        generate(lm, ["a"], max_new_tokens=2, min_new_tokens=3)
