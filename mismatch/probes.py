@@ -33,7 +33,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import capture, model_layout
 from mismatch.models import LM, context_length
 
-DEFAULT_CHUNK_TOKENS = 128
+DEFAULT_CHUNK_TOKENS = 512
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
 LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")
@@ -285,25 +285,31 @@ _build_reference = reference  # `probe` has an argument named `reference`
 # ---------------------------------------------------------------- metrics
 
 
-def token_metrics(logits_ref_CV: torch.Tensor, logits_cand_CV: torch.Tensor,
-                  token_C: torch.Tensor) -> dict[str, torch.Tensor]:
+def _log_softmax_(z_CV: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim, written into `z_CV` (saves a [C, V] buffer)."""
+    return z_CV.sub_(torch.logsumexp(z_CV, dim=-1, keepdim=True))
+
+
+def token_metrics_(logits_ref_CV: torch.Tensor, logits_cand_CV: torch.Tensor,
+                   token_C: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-token divergences of one chunk of tokens (DESIGN.md definitions), each `[C]`.
 
     p = softmax(logits_ref), q = softmax(logits_cand), y = token, all in fp32:
     kl_fwd = Σ p (log p − log q); kl_rev = Σ q (log q − log p); tv = ½ Σ |p − q|;
-    r = p(y)/q(y); k3 = r − 1 − log r.
+    r = p(y)/q(y); k3 = r − 1 − log r. Consumes its inputs: both fp32 logit tensors are
+    overwritten (the chunk loop owns them), so only three `[C, V]` buffers ever exist.
     """
-    lp = torch.log_softmax(logits_ref_CV.float(), dim=-1)
-    lq = torch.log_softmax(logits_cand_CV.float(), dim=-1)
-    d = lp - lq
-    p, q = lp.exp(), lq.exp()
-    kl_fwd = torch.linalg.vecdot(p, d)  # fused multiply-sum: no [C, V] temporary
-    kl_rev = torch.linalg.vecdot(q, d).neg() + 0.0  # + 0.0 turns -0.0 into 0.0 for identical inputs
-    del d
-    tv = p.sub_(q).abs_().sum(-1) * 0.5  # p is not needed after this
+    lp, lq = _log_softmax_(logits_ref_CV.float()), _log_softmax_(logits_cand_CV.float())
     top1 = lp.argmax(-1) == lq.argmax(-1)
     idx = token_C.unsqueeze(-1)
     logp_ref, logp_cand = lp.gather(-1, idx).squeeze(-1), lq.gather(-1, idx).squeeze(-1)
+    d = lp - lq
+    p = lp.exp_()
+    kl_fwd = torch.linalg.vecdot(p, d)  # fused multiply-sum: no [C, V] temporary
+    q = lq.exp_()
+    kl_rev = torch.linalg.vecdot(q, d).neg() + 0.0  # + 0.0 turns -0.0 into 0.0 for identical inputs
+    del d
+    tv = p.sub_(q).abs_().sum(-1) * 0.5
     log_r = logp_ref.double() - logp_cand.double()  # [C]: cheap to keep in float64
     # k3 = r − 1 − log r ≈ (log r)²/2 near r = 1: expm1 avoids the cancellation of r − 1.
     return {"logp_ref": logp_ref, "logp_cand": logp_cand, "kl_fwd": kl_fwd, "kl_rev": kl_rev,
@@ -372,8 +378,8 @@ class ProbeResult:
     candidate: str
 
 
-def _check_finite(logits_CV: torch.Tensor, side: str, ref: Reference, rows: slice) -> None:
-    bad = ~torch.isfinite(logits_CV).all(-1)
+def _check_finite(values_C: torch.Tensor, side: str, ref: Reference, rows: slice) -> None:
+    bad = ~torch.isfinite(values_C)
     if bool(bad.any()):
         i = rows.start + int(bad.nonzero()[0])
         raise NumericsError(f"{side} produced NaN/Inf logits predicting token (seq {int(ref.seq[i])}, "
@@ -401,7 +407,9 @@ def probe(
             number of layers and width).
         clip: importance ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
         chunk_tokens: tokens per chunk of full-vocabulary work; peak extra memory is about
-            6 · chunk_tokens · V · 4 bytes. It never changes a result beyond float rounding.
+            3 · chunk_tokens · V · 4 bytes (plus the reference's copy of the head). Larger chunks
+            stream the head weights fewer times. It changes results only at fp32 rounding level
+            (BLAS sums in another order for another row count).
 
     Returns:
         `ProbeResult` with `per_token` columns seq, pos, token, logp_ref, logp_cand, kl_fwd,
@@ -451,12 +459,12 @@ def probe(
     with torch.no_grad():
         for start in range(0, n, chunk_tokens):
             rows = slice(start, min(start + chunk_tokens, n))
-            z_ref = ref.head.logits(ref.head_input[rows])
-            _check_finite(z_ref, f"reference {ref.name}", ref, rows)
-            z_cand = head.logits(fwd.head_input_ND[rows])
-            _check_finite(z_cand, f"candidate {cand_name}", ref, rows)
-            chunks.append(token_metrics(z_ref, z_cand, ref.token[rows]))
-            del z_ref, z_cand
+            metrics = token_metrics_(ref.head.logits(ref.head_input[rows]),
+                                     head.logits(fwd.head_input_ND[rows]), ref.token[rows])
+            # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
+            _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, rows)
+            _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, rows)
+            chunks.append(metrics)
     tok = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
 
     columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
