@@ -285,21 +285,17 @@ _build_reference = reference  # `probe` has an argument named `reference`
 # ---------------------------------------------------------------- metrics
 
 
-def _log_softmax_(z_CV: torch.Tensor) -> torch.Tensor:
-    """log_softmax over the last dim, written into `z_CV` (saves a [C, V] buffer)."""
-    return z_CV.sub_(torch.logsumexp(z_CV, dim=-1, keepdim=True))
-
-
-def token_metrics_(logits_ref_CV: torch.Tensor, logits_cand_CV: torch.Tensor,
+def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor,
                    token_C: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-token divergences of one chunk of tokens (DESIGN.md definitions), each `[C]`.
 
-    p = softmax(logits_ref), q = softmax(logits_cand), y = token, all in fp32:
+    Takes fp32 log-probabilities `log p`, `log q` (`[C, V]`, from `log_softmax` of the reference
+    and candidate logits) and the scored tokens `y` (`[C]`):
     kl_fwd = Σ p (log p − log q); kl_rev = Σ q (log q − log p); tv = ½ Σ |p − q|;
-    r = p(y)/q(y); k3 = r − 1 − log r. Consumes its inputs: both fp32 logit tensors are
-    overwritten (the chunk loop owns them), so only three `[C, V]` buffers ever exist.
+    r = p(y)/q(y); k3 = r − 1 − log r. Consumes its inputs (both are exponentiated in place),
+    so only three `[C, V]` buffers ever exist.
     """
-    lp, lq = _log_softmax_(logits_ref_CV.float()), _log_softmax_(logits_cand_CV.float())
+    lp, lq = logp_ref_CV, logp_cand_CV
     top1 = lp.argmax(-1) == lq.argmax(-1)
     idx = token_C.unsqueeze(-1)
     logp_ref, logp_cand = lp.gather(-1, idx).squeeze(-1), lq.gather(-1, idx).squeeze(-1)
@@ -459,8 +455,11 @@ def probe(
     with torch.no_grad():
         for start in range(0, n, chunk_tokens):
             rows = slice(start, min(start + chunk_tokens, n))
-            metrics = token_metrics_(ref.head.logits(ref.head_input[rows]),
-                                     head.logits(fwd.head_input_ND[rows]), ref.token[rows])
+            # each [C, V] logit buffer dies as soon as its log_softmax exists
+            logp_ref = torch.log_softmax(ref.head.logits(ref.head_input[rows]), dim=-1)
+            logp_cand = torch.log_softmax(head.logits(fwd.head_input_ND[rows]), dim=-1)
+            metrics = token_metrics_(logp_ref, logp_cand, ref.token[rows])
+            del logp_ref, logp_cand
             # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
             _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, rows)
             _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, rows)
