@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-B, T, REPEATS = 8, 256, 3
+B, T, REPEATS = 8, 256, 5
 
 
 def setup():

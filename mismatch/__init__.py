@@ -21,12 +21,15 @@ from mismatch.errors import (  # noqa: E402
 )
 from mismatch.models import LM, list_models, load  # noqa: E402
 from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
+from mismatch import rollout  # noqa: E402
+from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LM", "load", "list_models",
     "probe", "reference", "ProbeResult", "Reference",
+    "rollout", "Batch", "generate", "teacher_forced",
     "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
     "__version__",
 ]

@@ -76,7 +76,7 @@ def probe(
     cand_dtype: Annotated[str, typer.Option(help="Candidate dtype: fp32, bf16 or fp16.")] = "fp32",
     per_layer: Annotated[bool, typer.Option(help="Also compare every layer's hidden states.")] = True,
     clip: Annotated[float, typer.Option(help="Importance ratios outside [1/clip, clip] are counted.")] = 2.0,
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 512,
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 1024,
     out_file: Annotated[Path | None, typer.Option("--out", help="Write tidy rows to this .parquet or .csv.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out instead of appending to it.")] = False,
 ) -> None:

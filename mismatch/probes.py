@@ -33,7 +33,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import capture, model_layout
 from mismatch.models import LM, context_length
 
-DEFAULT_CHUNK_TOKENS = 512  # rows per head matmul: the head weights are streamed once per chunk
+DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 CACHE_ROWS = 16  # rows per pass of the elementwise metrics: [16, V] fp32 buffers stay in cache
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
