@@ -1,0 +1,81 @@
+"""Torch-native weight and activation rounding: FP8 (e4m3fn / e5m2) and symmetric integers.
+
+FP8 follows the usual "absmax scale, cast, dequantize" recipe (as in torchao's float8 and
+vLLM's fp8 weight quantization): s = absmax / fmax per tensor, per output channel or per
+128×128 block; W ≈ s · cast_fp8(clamp(W / s, ±fmax)). The clamp makes saturation explicit:
+torch's cast to float8_e4m3fn turns out-of-range values into NaN. All-zero groups get s = 1.
+On CPU the matmul then runs in fp32 on the de-quantized weights; this equals `torch._scaled_mm`
+up to fp32 rounding (measured 3e-7 relative) and is ~1000x faster there.
+
+Integers are symmetric: s = absmax / qmax (qmax = 127 or 7) per output channel or per group of
+N input columns; W ≈ s · clamp(round(W / s), −qmax − 1, qmax) (round half to even, as torch.round).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_max(fmt: str) -> float:
+    """Largest finite value of the FP8 format (448 for e4m3fn, 57344 for e5m2)."""
+    return float(torch.finfo(FP8_DTYPES[fmt]).max)
+
+
+def _safe_scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:
+    scale = absmax / qmax
+    return torch.where(absmax > 0, scale, torch.ones_like(scale))
+
+
+def _cast_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    fmax = fp8_max(fmt)
+    return (x / scale).clamp_(-fmax, fmax).to(FP8_DTYPES[fmt]).to(x.dtype) * scale
+
+
+def round_fp8(weight_RC: torch.Tensor, fmt: str, granularity: str) -> torch.Tensor:
+    """Round a weight `[R, C]` (out × in) through FP8 with an absmax scale; returns its dtype.
+
+    Args:
+        weight_RC: weight matrix (any float dtype; computed in fp32).
+        fmt: "e4m3" or "e5m2".
+        granularity: "tensor", "channel" (per output row) or "block128" (128×128 tiles; edge
+            tiles of shapes not divisible by 128 use their own absmax).
+    """
+    w = weight_RC.float()
+    fmax = fp8_max(fmt)
+    if granularity == "tensor":
+        out = _cast_fp8(w, _safe_scale(w.abs().amax(), fmax), fmt)
+    elif granularity == "channel":
+        out = _cast_fp8(w, _safe_scale(w.abs().amax(dim=-1, keepdim=True), fmax), fmt)
+    elif granularity == "block128":
+        R, C = w.shape
+        pr, pc = -R % 128, -C % 128
+        padded = F.pad(w, (0, pc, 0, pr))  # zeros never raise an absmax
+        tiles = padded.reshape((R + pr) // 128, 128, (C + pc) // 128, 128)  # [Rb, 128, Cb, 128]
+        scale = _safe_scale(tiles.abs().amax(dim=(1, 3), keepdim=True), fmax)
+        out = _cast_fp8(tiles, scale, fmt).reshape(R + pr, C + pc)[:R, :C]
+    else:
+        raise ValueError(f"unknown FP8 granularity {granularity!r}")
+    return out.to(weight_RC.dtype)
+
+
+def round_fp8_per_token(x_TD: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Dynamic per-token FP8 rounding of activations `[..., D]` (absmax over the last dim)."""
+    x = x_TD.float()
+    return _cast_fp8(x, _safe_scale(x.abs().amax(dim=-1, keepdim=True), fp8_max(fmt)), fmt).to(x_TD.dtype)
+
+
+def round_int(weight_RC: torch.Tensor, bits: int, group_size: int | None) -> torch.Tensor:
+    """Symmetric integer rounding of a weight `[R, C]`, per output channel (`group_size=None`)
+    or per group of `group_size` input columns (the last group may be shorter)."""
+    qmax = 2 ** (bits - 1) - 1
+    w = weight_RC.float()
+    R, C = w.shape
+    g = C if group_size is None else group_size
+    pad = -C % g
+    groups = F.pad(w, (0, pad)).reshape(R, (C + pad) // g, g)  # [R, G, g]
+    scale = _safe_scale(groups.abs().amax(dim=-1, keepdim=True), qmax)
+    q = torch.clamp(torch.round(groups / scale), -qmax - 1, qmax) * scale
+    return q.reshape(R, C + pad)[:, :C].to(weight_RC.dtype)
