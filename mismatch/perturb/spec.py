@@ -161,9 +161,10 @@ def parse_spec(spec: str) -> PerturbConfig:
     if kind == "noise":
         try:
             (sigma,) = opts
-            return NoiseConfig(sigma=float(sigma))
+            value = float(sigma)
         except ValueError:
             raise InputError(f"noise needs one number, e.g. noise:0.01; got {spec!r}") from None
+        return NoiseConfig(sigma=value)
     if kind.startswith("bnb-"):
         _no_opts(kind, opts)
         if kind[4:] not in ("int8", "nf4", "fp4"):
@@ -179,7 +180,8 @@ def parse_spec(spec: str) -> PerturbConfig:
     if kind == "stale":
         try:
             (steps,) = opts
-            return StaleConfig(steps=int(steps))
+            value = int(steps)
         except ValueError:
             raise InputError(f"stale needs an integer number of steps, e.g. stale:4; got {spec!r}") from None
+        return StaleConfig(steps=value)
     raise InputError(f"unknown perturbation kind {kind!r}; valid kinds: {', '.join(KINDS)}")
