@@ -26,15 +26,25 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 RESULTS := results
+PROMPTS := mismatch/data/prompts.txt
+SPECS   := fp8-e4m3:tensor fp8-e4m3:channel fp8-e4m3:block128 fp8-e4m3:channel,w8a8 fp8-e5m2:channel \
+           int8:channel int4:group128 bnb-int8 bnb-nf4 quanto-int8 quanto-int4 quanto-fp8 dtype:bf16 \
+           noise:0.001 noise:0.003 noise:0.01
 reproduce-figures: $(STAMP)
 	mkdir -p $(RESULTS) reports
-	$(BIN)/mismatch probe smollm2-135m smollm2-135m --cand-dtype bf16 \
-	    --prompts mismatch/data/prompts.txt --chat --min-new-tokens 64 --max-new-tokens 96 \
-	    --out $(RESULTS)/smollm2_bf16.parquet --overwrite
-	$(BIN)/mismatch report $(RESULTS)/smollm2_bf16.parquet --out-dir reports
+	# every spec against one fp32 reference pass: greedy responses of 64-96 tokens to 36 prompts
+	$(BIN)/mismatch probe smollm2-135m $(foreach s,$(SPECS),--perturb $(s)) \
+	    --prompts $(PROMPTS) --chat --min-new-tokens 64 --max-new-tokens 96 \
+	    --out $(RESULTS)/smollm2_quant.parquet --overwrite
+	# per-layer isolation map: one decoder block quantized at a time, 12 prompts
+	$(BIN)/mismatch probe smollm2-135m --perturb fp8-e4m3:channel --perturb int4:group128 --each-layer \
+	    --no-per-layer --prompts $(PROMPTS) --max-prompts 12 --chat --min-new-tokens 64 --max-new-tokens 96 \
+	    --out $(RESULTS)/smollm2_layer_map.parquet --overwrite
+	$(BIN)/mismatch report $(RESULTS)/smollm2_quant.parquet $(RESULTS)/smollm2_layer_map.parquet --out-dir reports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py
+	$(BIN)/python benchmarks/bench_perturb.py
 
 clean:
 	rm -rf $(VENV) $(RESULTS)

@@ -26,7 +26,7 @@ from mismatch.errors import MismatchError
 app = typer.Typer(help="Measure training–inference mismatch of LMs for on-policy distillation.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 err = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 
 
 def _one_line_errors(fn):
@@ -58,20 +58,36 @@ def models() -> None:
     out.print(table)
 
 
+SUMMARY_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "kl_fwd_max", "tv_mean", "top1_agree", "logp_abs_diff_mean",
+                   "is_ratio_outside_frac", "chi2_token")
+
+
 @app.command()
 @_one_line_errors
 def probe(
     reference: Annotated[str, typer.Argument(help="Reference model spec (the policy p being trained).")],
-    candidate: Annotated[str, typer.Argument(help="Candidate model spec (the rollout copy q).")],
+    candidate: Annotated[str | None, typer.Argument(
+        help="Candidate model spec (the rollout copy q). Omit it with --perturb: the candidate is then "
+             "the reference model perturbed in place.")] = None,
+    perturb: Annotated[list[str] | None, typer.Option(
+        help="Perturbation spec of the candidate (e.g. fp8-e4m3:channel, int4:group128, bnb-nf4, "
+             "quanto-int8, noise:0.01); repeatable: every spec is compared with one reference pass.")] = None,
+    layers: Annotated[str, typer.Option(
+        help="Layer scope of --perturb: linear, all, attn, mlp, lm_head, index ranges (0-3,7) or a regex.")] = "linear",
+    each_layer: Annotated[bool, typer.Option(
+        help="Per-layer isolation map: apply each --perturb SPEC to one decoder block at a time "
+             "(replaces --layers; one probe per block).")] = False,
     prompts: Annotated[Path | None, typer.Option(help="Text file, one prompt per line.")] = None,
     text: Annotated[list[str] | None, typer.Option(help="A prompt given inline; repeatable.")] = None,
+    max_prompts: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap each prompt in the tokenizer's chat template.")] = False,
     max_new_tokens: Annotated[int, typer.Option(
         help="Generate a response of at most this many tokens with the reference and score only the "
              "response; 0 scores the prompt text itself.")] = 0,
     min_new_tokens: Annotated[int, typer.Option(help="Forbid EOS before this many response tokens.")] = 0,
     temperature: Annotated[float, typer.Option(help="Response sampling temperature; 0 is greedy.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed of response sampling and of tiny random-init models.")] = 0,
+    seed: Annotated[int, typer.Option(
+        help="Seed of response sampling, of noise perturbations and of tiny random-init models.")] = 0,
     ref_dtype: Annotated[str, typer.Option(help="Reference dtype: fp32, bf16 or fp16.")] = "fp32",
     cand_dtype: Annotated[str, typer.Option(help="Candidate dtype: fp32, bf16 or fp16.")] = "fp32",
     per_layer: Annotated[bool, typer.Option(help="Also compare every layer's hidden states.")] = True,
@@ -80,10 +96,12 @@ def probe(
     out_file: Annotated[Path | None, typer.Option("--out", help="Write tidy rows to this .parquet or .csv.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out instead of appending to it.")] = False,
 ) -> None:
-    """Probe how far CANDIDATE's next-token distributions are from REFERENCE's."""
+    """Probe how far a candidate's next-token distributions are from REFERENCE's."""
     import mismatch
     from mismatch.errors import InputError
+    from mismatch.layout import model_layout
     from mismatch.models import parse_dtype
+    from mismatch.perturb import parse_spec, perturbed, select
     from mismatch.results import to_rows, write_results
     from mismatch.rollout import generate, read_prompts, teacher_forced
 
@@ -91,34 +109,82 @@ def probe(
         raise InputError("give exactly one of --prompts FILE or --text TEXT")
     if out_file is not None and out_file.suffix not in (".parquet", ".csv"):
         raise InputError(f"--out must end in .parquet or .csv, got {out_file.name}")
+    specs = [str(parse_spec(p)) for p in perturb or []]  # fail fast on a bad spec
+    if specs and candidate not in (None, reference):
+        raise InputError("--perturb perturbs the reference model itself: omit CANDIDATE")
+    if not specs and candidate is None:
+        raise InputError("give a CANDIDATE model or at least one --perturb SPEC")
+    if each_layer and not specs:
+        raise InputError("--each-layer needs at least one --perturb SPEC")
     ref_dt, cand_dt = parse_dtype(ref_dtype), parse_dtype(cand_dtype)
     texts = read_prompts(prompts) if prompts is not None else list(text)
+    if max_prompts is not None:
+        if max_prompts < 1:
+            raise InputError(f"--max-prompts must be ≥ 1, got {max_prompts}")
+        texts = texts[:max_prompts]
     _quiet_transformers()
     with err.status("loading models…"):
         ref_lm = mismatch.load(reference, dtype=ref_dt, seed=seed)
-        same = (reference, ref_dt) == (candidate, cand_dt)
-        cand_lm = ref_lm if same else mismatch.load(candidate, dtype=cand_dt, seed=seed)
+        if specs:
+            select(ref_lm.model, layers)  # fail fast on a bad scope
+            cand_lm = None
+        else:
+            same = (reference, ref_dt) == (candidate, cand_dt)
+            cand_lm = ref_lm if same else mismatch.load(candidate, dtype=cand_dt, seed=seed)
     if max_new_tokens > 0:
         with err.status(f"generating {len(texts)} responses with {reference}…"):
             batch = generate(ref_lm, texts, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                              chat=chat, temperature=temperature, seed=seed)
     else:
         batch = teacher_forced(ref_lm, texts, chat=chat)
-    with err.status(f"probing {batch.response_tokens} tokens…"):
-        result = mismatch.probe(ref_lm, cand_lm, batch.input_ids, batch.attention_mask,
-                                batch.response_mask, per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens)
+    base = {"ref_dtype": ref_dtype, "cand_dtype": cand_dtype if not specs else ref_dtype, "clip": clip,
+            "seed": seed, "chat": chat, "max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens,
+            "temperature": temperature, "prompts": str(prompts) if prompts is not None else "inline",
+            "n_prompts": len(texts)}
+    results = []
 
-    table = Table("metric", "value", title=escape(f"{candidate} [{cand_dtype}] vs {reference} [{ref_dtype}]"))
-    for key, value in result.summary.items():
-        table.add_row(key, f"{value:.6g}")
+    def record(result, perturb_spec: str, scope: str) -> None:
+        results.append((perturb_spec, scope, result))
+        if out_file is not None:  # written run by run: a later failure loses nothing
+            first = overwrite and len(results) == 1
+            write_results(to_rows(result, {**base, "perturb": perturb_spec, "layers": scope}), out_file,
+                          overwrite=first)
+
+    with err.status(f"probing {batch.response_tokens} tokens…") as status:
+        if not specs:
+            record(mismatch.probe(ref_lm, cand_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                  per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens), "none", "none")
+        else:
+            ref = mismatch.reference(ref_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     per_layer=per_layer)
+            n_blocks = len(model_layout(ref_lm.model).layers)
+            scopes = [str(i) for i in range(n_blocks)] if each_layer else [layers]
+            for spec in specs:
+                for scope in scopes:
+                    status.update(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")
+                    with perturbed(ref_lm.model, spec, layers=scope, seed=seed,
+                                   calibration_ids=batch.input_ids) as cand:
+                        result = mismatch.probe(ref, mismatch.LM(cand, ref_lm.tokenizer, reference),
+                                                per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens)
+                    record(result, spec, scope)
+
+    if each_layer:
+        table = Table("block", *specs, title=escape(f"{reference}: kl_fwd_mean with one block perturbed"))
+        by = {(spec, scope): result for spec, scope, result in results}
+        for scope in scopes:
+            table.add_row(scope, *(f"{by[spec, scope].summary['kl_fwd_mean']:.4g}" for spec in specs))
+    elif len(results) == 1:
+        label = specs[0] if specs else f"{candidate} [{cand_dtype}]"
+        table = Table("metric", "value", title=escape(f"{label} vs {reference} [{ref_dtype}]"))
+        for key, value in results[0][2].summary.items():
+            table.add_row(key, f"{value:.6g}")
+    else:
+        table = Table("perturb", *SUMMARY_COLUMNS, title=escape(f"{reference} [{layers}]"))
+        for spec, _, result in results:
+            table.add_row(escape(spec), *(f"{result.summary[k]:.4g}" for k in SUMMARY_COLUMNS))
     out.print(table)
     if out_file is not None:
-        config = {"ref_dtype": ref_dtype, "cand_dtype": cand_dtype, "perturb": "none", "layers": "none",
-                  "clip": clip, "seed": seed, "chat": chat, "max_new_tokens": max_new_tokens,
-                  "min_new_tokens": min_new_tokens, "temperature": temperature,
-                  "prompts": str(prompts) if prompts is not None else "inline", "n_prompts": len(texts)}
-        path = write_results(to_rows(result, config), out_file, overwrite=overwrite)
-        err.print(f"wrote {path}", highlight=False)
+        err.print(f"wrote {out_file}", highlight=False)
 
 
 @app.command()

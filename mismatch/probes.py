@@ -206,6 +206,7 @@ def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_inde
     return _Pass(kept["rows"], kept["check"], out.logits[:, -1, :].float())
 
 
+@torch.no_grad()
 def _verify_head(head: Head, fwd: _Pass, name: str) -> None:
     ours = head.logits(fwd.check_rows_BD)
     if not torch.isfinite(fwd.check_logits_BV).all():
@@ -253,6 +254,7 @@ class Reference:
         return seq_N * self.input_ids.shape[1] + t_N - 1
 
 
+@torch.no_grad()
 def reference(
     model: nn.Module | LM,
     input_ids: torch.Tensor,
@@ -389,6 +391,7 @@ def _check_finite(values_C: torch.Tensor, side: str, ref: Reference, rows: slice
                             f"pos {int(ref.pos[i])})")
 
 
+@torch.no_grad()  # not inference_mode: it breaks quanto's qint4 modules
 def probe(
     reference: nn.Module | LM | Reference,
     candidate: nn.Module | LM,

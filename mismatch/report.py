@@ -1,10 +1,12 @@
 """Reports from result files: a Markdown summary and plots. Reads results only, never a model.
 
 `write_report(rows, out_dir)` writes
-  * `summary.md` — one line per run (reference vs candidate) with the headline divergences, and
-    the per-layer SQNR table;
+  * `summary.md` — one line per run (reference vs candidate or perturbation) with the headline
+    divergences, the per-layer SQNR table, and the per-layer isolation map when present;
   * `per_layer.png` — SQNR (dB) and relative L2 error of every captured layer, one line per run;
-  * `kl_cdf.png` — the distribution of per-token KL(p‖q) over scored tokens, one line per run.
+  * `kl_cdf.png` — the distribution of per-token KL(p‖q) over scored tokens, one line per run;
+  * `layer_map.png` — end-to-end kl_fwd_mean with one decoder block perturbed at a time
+    (runs whose layer scope is a single block index, from `mismatch probe --each-layer`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,23 @@ HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "
 
 
 def run_label(run: pd.Series) -> str:
-    """Human label of a run: the candidate and what differs from the reference."""
-    parts = [str(run.get("candidate"))]
-    for key in ("cand_dtype", "perturb", "layers"):
-        value = run.get(key)
-        if isinstance(value, str) and value and value != "none":
-            parts.append(value)
+    """Human label of a run: the candidate (unless it is the perturbed reference) and what
+    differs from the reference."""
+    perturb = run.get("perturb")
+    perturbed = isinstance(perturb, str) and perturb not in ("", "none")
+    parts = [] if perturbed and run.get("candidate") == run.get("reference") else [str(run.get("candidate"))]
+    if run.get("cand_dtype") not in (None, "fp32", run.get("ref_dtype")):
+        parts.append(str(run.get("cand_dtype")))
+    if perturbed:
+        parts.append(perturb)
+        if run.get("layers") not in (None, "linear"):
+            parts.append(f"[{run.get('layers')}]")
     return " · ".join(parts)
+
+
+def _is_isolation(layers: object) -> bool:
+    """A run whose scope is one decoder block index (CSV files read it back as a number)."""
+    return isinstance(layers, (str, int, np.integer)) and str(layers).isdigit()
 
 
 def _fmt(value: float) -> str:
@@ -59,8 +71,11 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = summaries(rows)
-    runs["run"] = runs.apply(run_label, axis=1)
+    all_runs = summaries(rows)
+    all_runs["run"] = all_runs.apply(run_label, axis=1)
+    isolated = all_runs[all_runs["layers"].map(_is_isolation)] if "layers" in all_runs else all_runs.iloc[:0]
+    runs = all_runs.drop(isolated.index)
+    rows = rows[~rows["run_id"].isin(isolated["run_id"])]
     layers = per_layer(rows)
     written = []
 
@@ -72,12 +87,42 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
         sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db").reset_index()
         sq = sq.rename(columns=dict(zip(runs["run_id"], runs["run"])))
         md += ["## Per-layer SQNR (dB) of the hidden states", "", _markdown_table(sq.drop(columns="index")), ""]
-    first = runs.iloc[0]
+    if not isolated.empty:
+        iso = isolated.assign(block=isolated["layers"].astype(int))
+        kl = iso.pivot_table(index="block", columns="perturb", values="kl_fwd_mean")
+        top1 = iso.pivot_table(index="block", columns="perturb", values="top1_agree")
+        table_iso = pd.DataFrame({"block": kl.index.astype(str)})
+        for spec in kl.columns:
+            table_iso[f"{spec} kl_fwd_mean"] = kl[spec].to_numpy()
+            table_iso[f"{spec} top1_agree"] = top1[spec].to_numpy()
+        md += ["## Per-layer isolation map: one decoder block perturbed at a time", "",
+               "End-to-end divergence with only that block's linear layers perturbed.", "",
+               _markdown_table(table_iso), ""]
+        for spec in kl.columns:
+            ranked = kl[spec].sort_values(ascending=False)
+            top = ", ".join(f"{b} ({v:.3g})" for b, v in ranked.head(3).items())
+            md.append(f"- {spec}: most sensitive blocks {top}; least sensitive {ranked.index[-1]} "
+                      f"({ranked.iloc[-1]:.3g}); max/median = {ranked.iloc[0] / ranked.median():.1f}×.")
+        md.append("")
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        for spec in kl.columns:
+            ax.plot(kl.index, kl[spec], marker="o", ms=3, label=spec)
+        ax.set_yscale("log")
+        ax.set_xlabel("decoder block perturbed alone")
+        ax.set_ylabel("kl_fwd_mean (nats)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("Per-layer isolation map")
+        fig.tight_layout()
+        fig.savefig(out / "layer_map.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "layer_map.png")
+    first = all_runs.iloc[0]
     md += [f"Provenance: mismatch {first.get('mismatch_version')}, torch {first.get('torch_version')}, "
            f"transformers {first.get('transformers_version')}, git {first.get('git_sha')}, "
            f"{first.get('timestamp')}.", ""]
     (out / "summary.md").write_text("\n".join(md), encoding="utf-8")
-    written.append(out / "summary.md")
+    written.insert(0, out / "summary.md")
 
     if not layers.empty:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
