@@ -90,3 +90,46 @@ def test_smollm2_against_itself_is_exactly_zero(tmp_path):
     for key in ("kl_fwd_mean", "kl_fwd_max", "kl_rev_mean", "tv_mean", "logp_abs_diff_max", "chi2_token"):
         assert summ[key] == 0.0, key
     assert summ["top1_agree"] == 1.0 and summ["tokens"] > 5
+
+
+def test_perturb_runs_every_spec_against_one_reference(tmp_path):
+    import mismatch
+    from mismatch.perturb import perturbed
+    from mismatch.rollout import teacher_forced
+
+    out = tmp_path / "p.parquet"
+    res = runner.invoke(app, ["probe", "tiny-llama", "--perturb", "fp8-e4m3:channel", "--perturb", "noise:0.01",
+                              "--layers", "mlp", "--text", "hello world", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summ = summaries(read_results(out)).set_index("perturb")
+    assert list(summ.index) == ["fp8-e4m3:channel", "noise:0.01"] and set(summ["layers"]) == {"mlp"}
+    lm = mismatch.load("tiny-llama")
+    b = teacher_forced(lm, ["hello world"])
+    ref = mismatch.reference(lm, b.input_ids, b.attention_mask, b.response_mask)
+    for spec in ("fp8-e4m3:channel", "noise:0.01"):
+        with perturbed(lm.model, spec, layers="mlp") as cand:
+            with pytest.raises(mismatch.InputError, match="perturbed in place"):
+                mismatch.probe(lm, cand, b.input_ids, b.attention_mask, b.response_mask)
+            api = mismatch.probe(ref, cand)
+        assert summ.loc[spec, "kl_fwd_mean"] == pytest.approx(api.summary["kl_fwd_mean"], rel=1e-12)
+
+
+def test_each_layer_writes_one_run_per_block(tmp_path):
+    out = tmp_path / "m.parquet"
+    res = runner.invoke(app, ["probe", "tiny-gpt2", "--perturb", "int4:group128", "--each-layer", "--no-per-layer",
+                              "--text", "some text here", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summ = summaries(read_results(out))
+    assert sorted(summ["layers"]) == ["0", "1"] and (summ["kl_fwd_mean"] > 0).all()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--perturb", "fp9"], "unknown perturbation kind 'fp9'"),
+    (["--perturb", "int4", "--layers", "7"], "out of range"),
+    (["--perturb", "int4", "--layers", "zzz"], "selects no linear module"),
+    (["--perturb", "stale:2"], "OPD"),
+    (["tiny-llama", "--each-layer"], "--each-layer needs"),
+])
+def test_bad_perturb_input(args, message):
+    res = runner.invoke(app, ["probe", "tiny-llama", *args, "--text", "a b c"])
+    assert res.exit_code == 2 and message in res.output and res.output.count("\n") == 1

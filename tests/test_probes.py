@@ -356,3 +356,19 @@ def test_layer_names_and_hooks_removed(tiny):
     assert res.per_layer["index"].tolist() == [0, 1, 2, 3, 4]
     for module in lm.model.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+def test_cached_reference_logprobs_give_the_same_result(tiny):
+    ref_lm, cand = tiny("tiny-llama", 0), tiny("tiny-llama", 3)
+    ids = random_ids(3, 17, seed=2)
+    plain = mismatch.probe(mismatch.reference(ref_lm, ids), cand, per_layer=False)
+    cached_ref = mismatch.reference(ref_lm, ids, cache_logprobs=True, chunk_tokens=7)
+    assert cached_ref.logp.shape == (48, 259)
+    cached = mismatch.probe(cached_ref, cand, per_layer=False)
+    for col in ("logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv", "is_ratio", "k3"):
+        np.testing.assert_allclose(cached.per_token[col], plain.per_token[col], rtol=1e-5, atol=1e-7, err_msg=col)
+    assert cached.per_token["top1_agree"].equals(plain.per_token["top1_agree"])
+    again = mismatch.probe(cached_ref, cand, per_layer=False)  # the cache is not consumed
+    assert again.per_token.equals(cached.per_token)
+    # identical model, same head chunking as the cache: exactly zero
+    assert mismatch.probe(cached_ref, ref_lm, per_layer=False, chunk_tokens=7).summary["kl_fwd_max"] == 0

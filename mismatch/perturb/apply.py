@@ -104,6 +104,7 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
     names = select(model, layers)
     modules = dict(model.named_modules())
     snap = Snapshot(spec=str(config), layers=layers, names=names)
+    active_perturbations(model).append(snap.spec)
     try:
         if isinstance(config, (BnbConfig, QuantoConfig)):
             from mismatch.perturb import backends
@@ -152,7 +153,15 @@ def restore_(model: nn.Module, snapshot: Snapshot) -> None:
         setattr(module, name, original)
     for parent, child, original in reversed(snapshot.modules):
         setattr(parent, child, original)
+    active = active_perturbations(model)
+    if snapshot.spec in active:
+        active.remove(snapshot.spec)
     snapshot.restored = True
+
+
+def active_perturbations(model: nn.Module) -> list[str]:
+    """Specs currently applied to `model` in place (a mutable list kept on the model)."""
+    return model.__dict__.setdefault("_mismatch_active_perturbations", [])
 
 
 @contextmanager
