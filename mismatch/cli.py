@@ -155,10 +155,13 @@ def probe(
             record(mismatch.probe(ref_lm, cand_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
                                   per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens), "none", "none")
         else:
-            ref = mismatch.reference(ref_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                     per_layer=per_layer)
             n_blocks = len(model_layout(ref_lm.model).layers)
             scopes = [str(i) for i in range(n_blocks)] if each_layer else [layers]
+            # several candidates: keep the reference log-probs (skips its head per probe) if ≤ 2 GiB
+            cache_bytes = batch.response_tokens * ref_lm.model.get_output_embeddings().weight.shape[0] * 4
+            ref = mismatch.reference(ref_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     per_layer=per_layer, chunk_tokens=chunk_tokens,
+                                     cache_logprobs=len(specs) * len(scopes) > 1 and cache_bytes <= 2 << 30)
             for spec in specs:
                 for scope in scopes:
                     status.update(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")
