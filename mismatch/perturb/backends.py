@@ -1,7 +1,7 @@
 """Real quantized modules from bitsandbytes and optimum-quanto, swapped in for linear layers.
 
 bitsandbytes (0.50): `bnb-int8` is `Linear8bitLt` (LLM.int8(), outlier threshold 6.0, as
-`transformers`' `BitsAndBytesConfig` defaults), `bnb-nf4` / `bnb-fp4` are `Linear4bit` with fp32
+`transformers`' `BitsAndBytesConfig` defaults; it casts fp32 activations to fp16), `bnb-nf4` / `bnb-fp4` are `Linear4bit` with fp32
 compute. Weights are quantized when the module is moved to its device (`.to("cpu")` runs the
 CPU kernels here); modules run in eval mode, which `Linear8bitLt` needs to quantize activations.
 
@@ -16,11 +16,16 @@ weights, and the snapshot keeps the original object for `restore_`.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
 from mismatch.errors import InputError
 from mismatch.perturb.spec import BnbConfig, QuantoConfig
+
+# LLM.int8() casts fp32 inputs to fp16 by design and warns on every call: known, documented above.
+warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast from")
 
 
 def _as_linear(module: nn.Module, weight_out_in: torch.Tensor) -> nn.Linear:
