@@ -4,6 +4,7 @@ Public API (names are the contract, see DESIGN.md):
     load, list_models, LM                    models.py
     probe, reference, ProbeResult, Reference probes.py
     generate, Batch                          rollout.py
+    perturbed, perturb_, restore_, parse_spec perturb/
 """
 
 import os
@@ -21,6 +22,7 @@ from mismatch.errors import (  # noqa: E402
 )
 from mismatch.models import LM, list_models, load  # noqa: E402
 from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
+from mismatch.perturb import parse_spec, perturb_, perturbed, restore_  # noqa: E402
 from mismatch import rollout  # noqa: E402
 from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 
@@ -30,6 +32,7 @@ __all__ = [
     "LM", "load", "list_models",
     "probe", "reference", "ProbeResult", "Reference",
     "rollout", "Batch", "generate", "teacher_forced",
+    "perturbed", "perturb_", "restore_", "parse_spec",
     "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
     "__version__",
 ]
