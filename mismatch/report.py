@@ -84,7 +84,8 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
           "Divergence of each candidate from its reference over the scored tokens (nats; "
           "definitions in DESIGN.md).", "", _markdown_table(table), ""]
     if not layers.empty:
-        sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db").reset_index()
+        sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db")
+        sq = sq[[r for r in runs["run_id"] if r in sq.columns]].reset_index()  # runs in recorded order
         sq = sq.rename(columns=dict(zip(runs["run_id"], runs["run"])))
         md += ["## Per-layer SQNR (dB) of the hidden states", "", _markdown_table(sq.drop(columns="index")), ""]
     if not isolated.empty:
@@ -126,8 +127,11 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
 
     if not layers.empty:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-        for run_id, group in layers.groupby("run_id", sort=False):
-            label = runs.set_index("run_id").loc[run_id, "run"]
+        by_run = dict(tuple(layers.groupby("run_id", sort=False)))
+        for run_id, label in zip(runs["run_id"], runs["run"]):
+            if run_id not in by_run:
+                continue
+            group = by_run[run_id]
             ax1.plot(group["index"], group["sqnr_db"], marker="o", ms=3, label=label)
             ax2.plot(group["index"], group["rel_l2"], marker="o", ms=3, label=label)
         names = layers.drop_duplicates("index").sort_values("index")
