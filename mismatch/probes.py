@@ -238,6 +238,7 @@ class Reference:
     layer_hidden: list[torch.Tensor] | None  # per layer [N, D] fp32
     vocab_fingerprint: str | None = None
     logp: torch.Tensor | None = None  # [N, V] fp32 log p, with cache_logprobs=True
+    logp_argmax: torch.Tensor | None = None  # [N] argmax of that cache
     seq: torch.Tensor = field(init=False)  # [N]
     pos: torch.Tensor = field(init=False)  # [N]
     token: torch.Tensor = field(init=False)  # [N]
@@ -302,7 +303,7 @@ def reference(
     return Reference(name=name, input_ids=input_ids, attention_mask=attn_BT, scored=scored_BT,
                      position_ids=position_ids_BT, head=head, head_input=fwd.head_input_ND,
                      layer_names=layout.layer_names, layer_hidden=layers, vocab_fingerprint=fingerprint,
-                     logp=logp)
+                     logp=logp, logp_argmax=None if logp is None else logp.argmax(-1))
 
 
 _build_reference = reference  # `probe` has an argument named `reference`
@@ -430,9 +431,12 @@ def probe(
             for sub in range(0, z_cand.shape[0], CACHE_ROWS):
                 part = slice(sub, sub + CACHE_ROWS)
                 at = slice(rows.start + sub, rows.start + sub + z_cand[part].shape[0])
-                logp_ref = (torch.log_softmax(z_ref[part], dim=-1) if ref.logp is None
-                            else ref.logp[at].clone())  # token_metrics_ consumes its inputs
-                metrics = token_metrics_(logp_ref, torch.log_softmax(z_cand[part], dim=-1), ref.token[at])
+                logp_cand = torch.log_softmax(z_cand[part], dim=-1)
+                if ref.logp is None:
+                    metrics = token_metrics_(torch.log_softmax(z_ref[part], dim=-1), logp_cand, ref.token[at])
+                else:  # the cache is shared by every candidate: read it, never write it
+                    metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
+                                             argmax_ref_C=ref.logp_argmax[at])
                 # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
                 _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
                 _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)

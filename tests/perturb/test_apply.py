@@ -49,11 +49,13 @@ def test_restore_is_bitwise_and_candidate_differs(tiny, spec, family, layers):
 def test_restore_when_the_body_raises(tiny):
     lm = mismatch.load("tiny-llama")
     before = _state(lm.model)
-    for spec in ("fp8-e4m3:channel,w8a8", "bnb-nf4", "dtype:bf16"):
+    ids = random_ids(1, 8)
+    for spec in ALL_SPECS:
         with pytest.raises(RuntimeError, match="boom"):
-            with perturbed(lm.model, spec, layers="all"):
+            with perturbed(lm.model, spec, layers="all", calibration_ids=ids):
                 raise RuntimeError("boom")
         _assert_restored(lm.model, before)
+        assert not lm.model.__dict__.get("_mismatch_active_perturbations")
 
 
 def test_tied_head_perturbation_leaves_embedding_alone(tiny):
