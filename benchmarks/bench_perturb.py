@@ -1,6 +1,6 @@
 """Cost of applying and restoring perturbations on SmolLM2-135M, measured side by side.
 
-    make bench            # or: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_perturb.py
+    make bench            # or: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_perturb.py [--isolation-only]
 
 Prints
   (a) per spec: (apply + restore time) / one forward pass over 8x256 tokens (target < 1);
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,7 +46,7 @@ def main() -> None:
     print(f"SmolLM2-135M, one forward pass over {B}x{T} tokens: {fwd:.2f} s (median of 3), "
           f"{torch.get_num_threads()} threads")
     print("(a) apply + restore, whole model (layers=linear), ratio to one forward pass (target < 1)")
-    for spec in SPECS:
+    for spec in [] if "--isolation-only" in sys.argv else SPECS:
         start = time.perf_counter()
         snap = perturb_(model, spec, calibration_ids=calib)
         restore_(model, snap)
