@@ -242,16 +242,12 @@ class Reference:
     seq: torch.Tensor = field(init=False)  # [N]
     pos: torch.Tensor = field(init=False)  # [N]
     token: torch.Tensor = field(init=False)  # [N]
+    pred_index: torch.Tensor = field(init=False)  # [N] flat indices into [B*T] of the predicting positions
 
     def __post_init__(self) -> None:
         seq_N, t_N = self.scored.nonzero(as_tuple=True)
         self.seq, self.pos, self.token = seq_N, self.position_ids[seq_N, t_N], self.input_ids[seq_N, t_N]
-
-    @property
-    def pred_index(self) -> torch.Tensor:
-        """Flat `[N]` indices into `[B*T]` of the positions predicting each scored token."""
-        seq_N, t_N = self.scored.nonzero(as_tuple=True)
-        return seq_N * self.input_ids.shape[1] + t_N - 1
+        self.pred_index = seq_N * self.input_ids.shape[1] + t_N - 1
 
 
 @torch.no_grad()
