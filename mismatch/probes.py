@@ -247,7 +247,13 @@ class Reference:
     def __post_init__(self) -> None:
         seq_N, t_N = self.scored.nonzero(as_tuple=True)
         self.seq, self.pos, self.token = seq_N, self.position_ids[seq_N, t_N], self.input_ids[seq_N, t_N]
-        self.pred_index = seq_N * self.input_ids.shape[1] + t_N - 1
+        self.pred_index = predicting_index(self.scored)
+
+
+def predicting_index(scored_BT: torch.Tensor) -> torch.Tensor:
+    """Flat `[N]` indices into `[B*T]` of the positions whose logits predict each scored token."""
+    seq_N, t_N = scored_BT.nonzero(as_tuple=True)
+    return seq_N * scored_BT.shape[1] + t_N - 1
 
 
 @torch.no_grad()
@@ -283,8 +289,7 @@ def reference(
     layout = model_layout(model)
     head = Head.of(model, layout.head, copy=True)
     _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
-    seq_N, t_N = scored_BT.nonzero(as_tuple=True)
-    pred_index_N = seq_N * input_ids.shape[1] + t_N - 1
+    pred_index_N = predicting_index(scored_BT)
     layers: list[torch.Tensor] | None = [] if per_layer else None
     fwd = _forward(model, input_ids, attn_BT, position_ids_BT, pred_index_N,
                    (lambda i, h: layers.append(h)) if per_layer else None)
@@ -417,27 +422,26 @@ def probe(
 
     n = ref.head_input.shape[0]
     chunks: list[dict[str, torch.Tensor]] = []
-    with torch.no_grad():
-        for start in range(0, n, chunk_tokens):
-            rows = slice(start, min(start + chunk_tokens, n))
-            z_ref = ref.head.logits(ref.head_input[rows]) if ref.logp is None else None  # [C, V] fp32
-            z_cand = head.logits(fwd.head_input_ND[rows])
-            # The elementwise work is memory-bound: a few rows at a time keep its ~10 passes
-            # over [rows, V] in cache (2x faster on 2 cores than whole chunks).
-            for sub in range(0, z_cand.shape[0], CACHE_ROWS):
-                part = slice(sub, sub + CACHE_ROWS)
-                at = slice(rows.start + sub, rows.start + sub + z_cand[part].shape[0])
-                logp_cand = torch.log_softmax(z_cand[part], dim=-1)
-                if ref.logp is None:
-                    metrics = token_metrics_(torch.log_softmax(z_ref[part], dim=-1), logp_cand, ref.token[at])
-                else:  # the cache is shared by every candidate: read it, never write it
-                    metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
-                                             argmax_ref_C=ref.logp_argmax[at])
-                # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
-                _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
-                _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
-                chunks.append(metrics)
-            del z_ref, z_cand
+    for start in range(0, n, chunk_tokens):
+        rows = slice(start, min(start + chunk_tokens, n))
+        z_ref = ref.head.logits(ref.head_input[rows]) if ref.logp is None else None  # [C, V] fp32
+        z_cand = head.logits(fwd.head_input_ND[rows])
+        # The elementwise work is memory-bound: a few rows at a time keep its ~10 passes
+        # over [rows, V] in cache (2x faster on 2 cores than whole chunks).
+        for sub in range(0, z_cand.shape[0], CACHE_ROWS):
+            part = slice(sub, sub + CACHE_ROWS)
+            at = slice(rows.start + sub, rows.start + sub + z_cand[part].shape[0])
+            logp_cand = torch.log_softmax(z_cand[part], dim=-1)
+            if ref.logp is None:
+                metrics = token_metrics_(torch.log_softmax(z_ref[part], dim=-1), logp_cand, ref.token[at])
+            else:  # the cache is shared by every candidate: read it, never write it
+                metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
+                                         argmax_ref_C=ref.logp_argmax[at])
+            # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
+            _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
+            _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
+            chunks.append(metrics)
+        del z_ref, z_cand
     tok = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
 
     columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
