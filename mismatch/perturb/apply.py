@@ -20,6 +20,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from mismatch.errors import InputError
+from mismatch.models import parse_dtype
 from mismatch.perturb import rounding
 from mismatch.perturb.scope import select
 from mismatch.perturb.spec import (
@@ -33,9 +34,6 @@ from mismatch.perturb.spec import (
     StaleConfig,
     parse_spec,
 )
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 @dataclass
 class Snapshot:
@@ -128,7 +126,7 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
                 eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
                 _swap_weight(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype))
             elif isinstance(config, DtypeConfig):
-                dtype = _DTYPES[config.dtype]
+                dtype = parse_dtype(config.dtype)
                 _swap_weight(snap, module, w.to(dtype))
                 if module.bias is not None:
                     _swap_param(snap, module, "bias", module.bias.detach().to(dtype))
