@@ -6,7 +6,9 @@ Prints
   (a) per spec: (apply + restore time) / one forward pass over 8x256 tokens (target < 1);
   (b) the per-layer isolation map over all 30 decoder blocks for fp8-e4m3:channel (one reference
       pass, then 30 x [perturb one block, probe, restore]) / (30 candidate forward passes + 1
-      reference forward pass), per_layer=False (target <= 1.2).
+      reference forward pass), per_layer=False (target <= 1.2). The map replays the unperturbed
+      leading blocks from the reference pass (`keep_block_outputs`), as `mismatch probe
+      --each-layer` does.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def main() -> None:
     spec = "fp8-e4m3:channel"
     n = len(model.model.layers)
     start = time.perf_counter()
-    ref = mismatch.reference(model, ids, per_layer=False, cache_logprobs=True)  # reused 30 times
+    # computed once, reused 30 times; block i's probe replays blocks 0..i-1 from it
+    ref = mismatch.reference(model, ids, per_layer=False, cache_logprobs=True, keep_block_outputs=True)
     for i in range(n):
         snap = perturb_(model, spec, layers=str(i))
         try:

@@ -102,6 +102,7 @@ def probe(
     from mismatch.layout import model_layout
     from mismatch.models import parse_dtype
     from mismatch.perturb import parse_spec, perturbed, select
+    from mismatch.perturb.scope import first_block
     from mismatch.results import to_rows, write_results
     from mismatch.rollout import generate, read_prompts, teacher_forced
 
@@ -159,9 +160,13 @@ def probe(
             scopes = [str(i) for i in range(n_blocks)] if each_layer else [layers]
             # several candidates: keep the reference log-probs (skips its head per probe) if ≤ 2 GiB
             cache_bytes = batch.response_tokens * ref_lm.model.get_output_embeddings().weight.shape[0] * 4
+            # scopes that leave the first blocks alone: replay them from the reference pass if ≤ 2 GiB
+            skips = each_layer or first_block(ref_lm.model, select(ref_lm.model, layers)) > 0
+            blocks_bytes = batch.input_ids.numel() * ref_lm.model.get_input_embeddings().weight.shape[1] * n_blocks * 4
             ref = mismatch.reference(ref_lm, batch.input_ids, batch.attention_mask, batch.response_mask,
                                      per_layer=per_layer, chunk_tokens=chunk_tokens,
-                                     cache_logprobs=len(specs) * len(scopes) > 1 and cache_bytes <= 2 << 30)
+                                     cache_logprobs=len(specs) * len(scopes) > 1 and cache_bytes <= 2 << 30,
+                                     keep_block_outputs=skips and blocks_bytes <= 2 << 30)
             for spec in specs:
                 for scope in scopes:
                     status.update(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")

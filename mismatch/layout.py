@@ -105,3 +105,44 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+class _Replay(nn.Module):
+    """Stands in for a decoder block: returns that block's recorded output, computes nothing.
+
+    Attribute reads it does not have go to the block it replaces (a model's loop may read, e.g.,
+    `decoder_layer.attention_type`); the block is not registered as a submodule.
+    """
+
+    def __init__(self, block: nn.Module, output: torch.Tensor, as_tuple: bool) -> None:
+        super().__init__()
+        self.__dict__["_block"] = block
+        self.__dict__["_output"] = (output,) if as_tuple else output
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_block"], name)
+
+    def forward(self, *args, **kwargs):
+        return self.__dict__["_output"]
+
+
+@contextmanager
+def replay_prefix(layout: Layout, outputs: list[torch.Tensor], start: int, as_tuple: bool) -> Iterator[None]:
+    """Inside the block, decoder blocks `0 .. start-1` return `outputs[i]` instead of running.
+
+    For a model whose first `start` blocks (and embedding) are known to equal the run that
+    recorded `outputs` (each `[B, T, D]`, same inputs): the forward pass then enters the stack at
+    block `start` with bit-identical hidden states, so only the changed suffix is computed.
+    `as_tuple`: the blocks return `(hidden, ...)` tuples rather than a tensor.
+    """
+    originals = [layout.layers[i] for i in range(start)]
+    try:
+        for i, block in enumerate(originals):
+            layout.layers[i] = _Replay(block, outputs[i], as_tuple)
+        yield
+    finally:
+        for i, block in enumerate(originals):
+            layout.layers[i] = block

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import capture, model_layout
+from mismatch.layout import Layout, capture, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
 
@@ -180,11 +181,17 @@ class _Pass:
 
 
 def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_index_N,
-             on_layer) -> _Pass:
-    """One forward pass keeping only what the probes need (see module docstring)."""
+             on_layer, keep_blocks: list | None = None, replay: Reference | None = None) -> _Pass:
+    """One forward pass keeping only what the probes need (see module docstring).
+
+    `keep_blocks`: a list that receives every decoder block's full output `[B, T, D]` (a copy)
+    and, last, whether the blocks return tuples. `replay`: a Reference whose recorded block
+    outputs stand in for the candidate's unchanged leading blocks (`_unchanged_prefix`).
+    """
     layout = model_layout(model)
     B, T = input_ids_BT.shape
     kept: dict[str, torch.Tensor] = {}
+    start = 0 if replay is None else _unchanged_prefix(replay, model, layout)
 
     def on_head_input(hidden_BTD: torch.Tensor) -> torch.Tensor:
         if hidden_BTD.shape[:2] != (B, T):
@@ -198,10 +205,50 @@ def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_inde
         def layer_hook(index: int, hidden_BTD: torch.Tensor) -> None:
             on_layer(index, hidden_BTD.reshape(B * T, -1).index_select(0, pred_index_N).float())
 
-    with torch.no_grad(), capture(layout, layer_hook, on_head_input):
-        out = model(input_ids=input_ids_BT, attention_mask=attn_BT, position_ids=position_ids_BT,
-                    use_cache=False)
+    handles, as_tuple = [], []
+    if keep_blocks is not None:
+        def keep(_module, _args, out) -> None:
+            as_tuple.append(not isinstance(out, torch.Tensor))
+            keep_blocks.append((out if isinstance(out, torch.Tensor) else out[0]).detach().clone())
+        handles = [block.register_forward_hook(keep) for block in layout.layers]
+    try:
+        with torch.no_grad(), replay_prefix(layout, replay.block_outputs if start else [], start,
+                                            replay is not None and replay.blocks_as_tuple):
+            with capture(model_layout(model), layer_hook, on_head_input):
+                out = model(input_ids=input_ids_BT, attention_mask=attn_BT, position_ids=position_ids_BT,
+                            use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if keep_blocks is not None:
+        keep_blocks.append(any(as_tuple))
     return _Pass(kept["rows"], kept["check"], out.logits[:, -1, :].float())
+
+
+def _block_states(layout: Layout) -> list[tuple]:
+    """A signature of the embedding and of each decoder block: every submodule's class and hooks,
+    every parameter's and buffer's identity and in-place version counter. Any perturbation by
+    `mismatch.perturb` (it swaps parameters, modules or hooks) or in-place update (an optimizer
+    step) changes it."""
+    def state(module: nn.Module) -> tuple:
+        mods = tuple((n, type(m), tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
+                     for n, m in module.named_modules())
+        tensors = tuple((n, id(t), t._version) for n, t in
+                        [*module.named_parameters(remove_duplicate=False), *module.named_buffers()])
+        return mods, tensors
+    return [state(layout.embed)] + [state(block) for block in layout.layers]
+
+
+def _unchanged_prefix(ref: Reference, model: nn.Module, layout: Layout) -> int:
+    """How many leading decoder blocks of `model` can replay `ref`'s recorded outputs: 0 unless
+    `model` is the very model `ref` ran on, with the same embedding; then the blocks before the
+    first one whose signature (`_block_states`) changed since."""
+    if ref.block_outputs is None or ref.model_ref is None or ref.model_ref() is not model:
+        return 0
+    now = _block_states(layout)
+    if len(now) != len(ref.block_states) or now[0] != ref.block_states[0]:
+        return 0
+    return next((i for i in range(1, len(now)) if now[i] != ref.block_states[i]), len(now)) - 1
 
 
 @torch.no_grad()
@@ -239,6 +286,10 @@ class Reference:
     vocab_fingerprint: str | None = None
     logp: torch.Tensor | None = None  # [N, V] fp32 log p, with cache_logprobs=True
     logp_argmax: torch.Tensor | None = None  # [N] argmax of that cache
+    block_outputs: list[torch.Tensor] | None = None  # per decoder block [B, T, D], keep_block_outputs=True
+    blocks_as_tuple: bool = False  # the blocks return (hidden, ...) tuples
+    block_states: list[tuple] | None = None  # `_block_states` of the model when it ran
+    model_ref: weakref.ref | None = None  # the model it ran on (weak: the Reference does not keep it alive)
     seq: torch.Tensor = field(init=False)  # [N]
     pos: torch.Tensor = field(init=False)  # [N]
     token: torch.Tensor = field(init=False)  # [N]
@@ -265,6 +316,7 @@ def reference(
     per_layer: bool = True,
     cache_logprobs: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    keep_block_outputs: bool = False,
 ) -> Reference:
     """Run the reference model once and keep what `probe` needs to score any candidate.
 
@@ -276,6 +328,14 @@ def reference(
             bytes: 400 MB for 2,048 tokens of a 49k vocabulary), so each later probe skips the
             reference head and its log_softmax: worth it for many candidates (isolation maps).
         chunk_tokens: rows per head matmul when filling that cache.
+        keep_block_outputs: also keep every decoder block's full output (`L · B · T · D`
+            elements in the model dtype: 141 MB for SmolLM2 on 8x256 tokens in fp32). A later
+            `probe` of this same model object, perturbed in place from block `i` on (a per-layer
+            isolation map), then replays blocks `0 .. i-1` from these instead of recomputing
+            them: the same numbers bit for bit, about half the cost of a map. Which blocks are
+            unchanged is detected, not trusted: class, hooks, identity and version counter of
+            every parameter and buffer (`torch.Tensor._version`); only edits through `.data`
+            escape it.
 
     Returns:
         A `Reference`, accepted by `probe` in place of the reference model.
@@ -283,7 +343,7 @@ def reference(
     model, fingerprint, name = _unwrap(model)
     active = model.__dict__.get("_mismatch_active_perturbations")
     if active:
-        raise InputError(f"the reference {name} is perturbed in place ({', '.join(active)}); compute "
+        raise InputError(f"the reference {name} is perturbed in place ({', '.join(a.spec for a in active)}); compute "
                          "mismatch.reference(model, ...) before perturbing and pass that to probe")
     attn_BT, scored_BT, position_ids_BT = score_mask(input_ids, attention_mask, response_mask)
     layout = model_layout(model)
@@ -291,8 +351,10 @@ def reference(
     _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
     pred_index_N = predicting_index(scored_BT)
     layers: list[torch.Tensor] | None = [] if per_layer else None
+    blocks: list | None = [] if keep_block_outputs else None
+    states = _block_states(layout) if keep_block_outputs else None
     fwd = _forward(model, input_ids, attn_BT, position_ids_BT, pred_index_N,
-                   (lambda i, h: layers.append(h)) if per_layer else None)
+                   (lambda i, h: layers.append(h)) if per_layer else None, keep_blocks=blocks)
     _verify_head(head, fwd, name)
     logp = None
     if cache_logprobs:
@@ -304,7 +366,9 @@ def reference(
     return Reference(name=name, input_ids=input_ids, attention_mask=attn_BT, scored=scored_BT,
                      position_ids=position_ids_BT, head=head, head_input=fwd.head_input_ND,
                      layer_names=layout.layer_names, layer_hidden=layers, vocab_fingerprint=fingerprint,
-                     logp=logp, logp_argmax=None if logp is None else logp.argmax(-1))
+                     logp=logp, logp_argmax=None if logp is None else logp.argmax(-1),
+                     block_outputs=blocks[:-1] if blocks else None, blocks_as_tuple=bool(blocks and blocks[-1]),
+                     block_states=states, model_ref=weakref.ref(model) if keep_block_outputs else None)
 
 
 _build_reference = reference  # `probe` has an argument named `reference`
@@ -417,7 +481,8 @@ def probe(
             raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
                              f"{cand_name} has {len(layout.layer_names)}; use per_layer=False")
         stats = _LayerStats(ref)
-    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.position_ids, ref.pred_index, stats)
+    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.position_ids, ref.pred_index, stats,
+                   replay=ref)
     _verify_head(head, fwd, cand_name)
 
     n = ref.head_input.shape[0]

@@ -372,3 +372,47 @@ def test_cached_reference_logprobs_give_the_same_result(tiny):
     assert again.per_token.equals(cached.per_token)
     # identical model, same head chunking as the cache: exactly zero
     assert mismatch.probe(cached_ref, ref_lm, per_layer=False, chunk_tokens=7).summary["kl_fwd_max"] == 0
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gpt2"])
+def test_isolation_prefix_replay_is_bit_identical_and_skips_unchanged_blocks(tiny, family):
+    model = copy.deepcopy(tiny(family).model)
+    ids = random_ids(3, 21, seed=5)
+    attn = torch.ones_like(ids)
+    attn[0, :4] = 0  # left padding: the replay must carry masks and positions too
+    plain_ref = mismatch.reference(model, ids, attn, per_layer=True)
+    replay_ref = mismatch.reference(model, ids, attn, per_layer=True, keep_block_outputs=True)
+    n = len(model.model.layers if hasattr(model, "model") else model.transformer.h)
+    assert len(replay_ref.block_outputs) == n and replay_ref.block_outputs[0].shape == (3, 21, 64)
+    calls = [0] * n
+    blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+    replay_ref.block_states = mismatch.probes._block_states(mismatch.layout.model_layout(model))  # with our hooks
+    for i in range(n):
+        calls[:] = [0] * n
+        with mismatch.perturbed(model, "int4:group128", layers=str(i)) as cand:
+            full = mismatch.probe(plain_ref, cand, per_layer=True)
+            assert calls == [1] * n
+            calls[:] = [0] * n
+            fast = mismatch.probe(replay_ref, cand, per_layer=True)
+            assert calls == [0] * i + [1] * (n - i)  # blocks before i replayed, not run
+        assert fast.per_token.equals(full.per_token)
+        assert fast.per_layer.equals(full.per_layer)
+        assert full.summary["kl_fwd_mean"] > 0
+        rows = fast.per_layer.set_index("layer")
+        assert all(rows.loc[f"layers.{j}", "rel_l2"] == 0 for j in range(i))
+        assert rows.loc[f"layers.{i}", "rel_l2"] > 0
+    # an in-place edit of block 0 (an optimizer step, say) is detected: nothing is replayed
+    calls[:] = [0] * n
+    with torch.no_grad():
+        next(blocks[0].mlp.parameters()).mul_(1.01)  # (q_proj would vanish under Qwen3's q_norm)
+    changed = mismatch.probe(replay_ref, model, per_layer=False)
+    assert calls == [1] * n and changed.summary["kl_fwd_mean"] > 0
+    # another model object (an equal copy) never replays: its blocks all run
+    other = copy.deepcopy(tiny(family).model)
+    ran = []
+    for block in (other.model.layers if hasattr(other, "model") else other.transformer.h):
+        block.register_forward_pre_hook(lambda *_a: ran.append(1))
+    mismatch.probe(replay_ref, other, per_layer=False)
+    assert len(ran) == n

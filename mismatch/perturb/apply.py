@@ -22,7 +22,7 @@ from transformers.pytorch_utils import Conv1D
 from mismatch.errors import InputError
 from mismatch.models import parse_dtype
 from mismatch.perturb import rounding
-from mismatch.perturb.scope import select
+from mismatch.perturb.scope import first_block, select
 from mismatch.perturb.spec import (
     BnbConfig,
     DtypeConfig,
@@ -42,6 +42,7 @@ class Snapshot:
     spec: str
     layers: str
     names: list[str]
+    first_block: int = 0  # index of the first decoder block it touches (the block count if none)
     params: list[tuple[nn.Module, str, nn.Parameter]] = field(default_factory=list)
     modules: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     hooks: list = field(default_factory=list)
@@ -101,8 +102,8 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
                          "use it as the rollout spec of an OPD run")
     names = select(model, layers)
     modules = dict(model.named_modules())
-    snap = Snapshot(spec=str(config), layers=layers, names=names)
-    active_perturbations(model).append(snap.spec)
+    snap = Snapshot(spec=str(config), layers=layers, names=names, first_block=first_block(model, names))
+    active_perturbations(model).append(snap)
     try:
         if isinstance(config, (BnbConfig, QuantoConfig)):
             from mismatch.perturb import backends
@@ -152,13 +153,14 @@ def restore_(model: nn.Module, snapshot: Snapshot) -> None:
     for parent, child, original in reversed(snapshot.modules):
         setattr(parent, child, original)
     active = active_perturbations(model)
-    if snapshot.spec in active:
-        active.remove(snapshot.spec)
+    if any(s is snapshot for s in active):
+        active[:] = [s for s in active if s is not snapshot]
     snapshot.restored = True
 
 
-def active_perturbations(model: nn.Module) -> list[str]:
-    """Specs currently applied to `model` in place (a mutable list kept on the model)."""
+def active_perturbations(model: nn.Module) -> list[Snapshot]:
+    """Snapshots of the perturbations currently applied to `model` in place (a mutable list kept
+    on the model, read by `mismatch.probe` to know which decoder blocks are untouched)."""
     return model.__dict__.setdefault("_mismatch_active_perturbations", [])
 
 

@@ -64,6 +64,13 @@ def parse_ranges(text: str, n_layers: int) -> list[int]:
     return sorted(indices)
 
 
+def first_block(model: nn.Module, names: list[str]) -> int:
+    """Index of the first decoder block holding one of `names`; the block count if none does
+    (only the output head is named)."""
+    blocks = _block_linears(model)
+    return min((blocks[n][0] for n in names if n in blocks), default=len(model_layout(model).layers))
+
+
 def select(model: nn.Module, layers: str = "linear") -> list[str]:
     """Full names of the modules a scope selects, in model order.
 
