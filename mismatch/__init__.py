@@ -5,6 +5,7 @@ Public API (names are the contract, see DESIGN.md):
     probe, reference, ProbeResult, Reference probes.py
     generate, Batch                          rollout.py
     perturbed, perturb_, restore_, parse_spec perturb/
+    load_pair, list_pairs, Pair              pairs/
 """
 
 import os
@@ -23,6 +24,7 @@ from mismatch.errors import (  # noqa: E402
 from mismatch.models import LM, list_models, load  # noqa: E402
 from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
 from mismatch.perturb import parse_spec, perturb_, perturbed, restore_  # noqa: E402
+from mismatch.pairs import Pair, list_pairs, load_pair  # noqa: E402
 from mismatch import rollout  # noqa: E402
 from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 
@@ -33,6 +35,7 @@ __all__ = [
     "probe", "reference", "ProbeResult", "Reference",
     "rollout", "Batch", "generate", "teacher_forced",
     "perturbed", "perturb_", "restore_", "parse_spec",
+    "Pair", "load_pair", "list_pairs",
     "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
     "__version__",
 ]

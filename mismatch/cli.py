@@ -195,6 +195,105 @@ def probe(
         err.print(f"wrote {out_file}", highlight=False)
 
 
+pairs_app = typer.Typer(help="Student–teacher pairs: list them (no subcommand) or build the synthetic ones.",
+                        invoke_without_command=True, add_completion=False)
+app.add_typer(pairs_app, name="pairs")
+
+
+@pairs_app.callback()
+def pairs(ctx: typer.Context) -> None:
+    """List every pair: kind, architecture, sizes, task, whether it loads here."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from mismatch.pairs.registry import PAIRS, availability, pair_sizes
+
+    table = Table(title="student–teacher pairs")
+    table.add_column("pair", no_wrap=True)
+    for column in ("kind", "architecture", "teacher", "student", "params (T / S)", "task", "here"):
+        table.add_column(column)
+    notes = []
+    for name, spec in PAIRS.items():
+        missing = availability(spec)
+        teacher_params, student_params = pair_sizes(spec)
+        table.add_row(name, spec.kind, spec.architecture, escape(spec.teacher), escape(spec.student),
+                      f"{teacher_params} / {student_params}", spec.task, "yes" if missing is None else "no")
+        if missing is not None:
+            notes.append(f"{name}: {missing}")
+    out.print(table)
+    for note in notes:
+        out.print(escape(note), highlight=False, soft_wrap=True)
+
+
+@pairs_app.command("show")
+@_one_line_errors
+def pairs_show(
+    name: Annotated[str, typer.Argument(help="A pair name or a path to a pair .toml file.")],
+) -> None:
+    """Load one pair (checking that student and teacher share a vocabulary) and describe it."""
+    import mismatch
+    from mismatch.models import context_length
+    from mismatch.pairs.build import parameter_count
+
+    _quiet_transformers()
+    with err.status(f"loading {name}…"):
+        pair = mismatch.load_pair(name)
+    table = Table("", "teacher", "student", title=escape(f"{pair.name}: {pair.description}"))
+    for label, fn in (("model", lambda lm: lm.name),
+                      ("architecture", lambda lm: lm.model.config.model_type),
+                      ("parameters", lambda lm: f"{parameter_count(lm.model):,}"),
+                      ("vocabulary", lambda lm: f"{lm.model.get_output_embeddings().weight.shape[0]:,}"),
+                      ("context", lambda lm: str(context_length(lm.model)))):
+        table.add_row(label, escape(fn(pair.teacher)), escape(fn(pair.student)))
+    table.add_row("context turns", str(len(pair.teacher_context)), str(len(pair.student_context)))
+    out.print(table)
+    task = getattr(pair.task, "name", "none (KL only)")
+    out.print(f"task: {task}; chat: {pair.chat}; max new tokens: {pair.max_new_tokens}", highlight=False)
+
+
+@pairs_app.command("build")
+@_one_line_errors
+def pairs_build(
+    name: Annotated[str | None, typer.Argument(help="A synthetic pair; default: all of them.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Write the build here instead of the cache (one pair only).")] = None,
+) -> None:
+    """Train synthetic pairs from scratch (deterministic; minutes on 2 cores) and report accuracies."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mismatch.pairs.registry import SYNTHETIC_RECIPES, build_pair, committed_dir
+
+    names = [name] if name is not None else list(SYNTHETIC_RECIPES)
+    unknown = [n for n in names if n not in SYNTHETIC_RECIPES]
+    if unknown:
+        raise MismatchError(f"only synthetic pairs are built: {', '.join(SYNTHETIC_RECIPES)}; got {unknown[0]!r}")
+    if out_dir is not None and len(names) != 1:
+        raise MismatchError("--out needs exactly one pair NAME")
+    _quiet_transformers()
+    for pair_name in names:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(f"{pair_name}: {stage}", total=total)
+                bar.update(tasks[stage], completed=done)
+
+            directory, manifest = build_pair(pair_name, out_dir, progress)
+        committed = committed_dir(pair_name) / "manifest.json"
+        same = None
+        if committed.is_file() and directory.resolve() != committed.parent.resolve():
+            import json
+
+            same = json.loads(committed.read_text()).get("files") == manifest["files"]
+        out.print(f"{pair_name}: teacher {manifest['teacher_accuracy']:.1%} / student "
+                  f"{manifest['student_accuracy']:.1%} held-out exact match "
+                  f"({manifest['teacher_params']:,} / {manifest['student_params']:,} parameters), "
+                  f"built in {manifest['build_seconds']:.0f} s -> {directory}"
+                  + ("" if same is None else f"; identical to the committed weights: {'yes' if same else 'no'}"),
+                  highlight=False)
+
+
 @app.command()
 @_one_line_errors
 def report(

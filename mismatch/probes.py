@@ -16,8 +16,6 @@ candidate perturbed in place (the same model object) cannot leak into it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import Layout, capture, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
+from mismatch.tokenizer import vocab_fingerprint
 
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 CACHE_ROWS = 16  # rows per pass of the elementwise metrics: [16, V] fp32 buffers stay in cache
@@ -150,13 +149,8 @@ def score_mask(
 
 def _unwrap(model: nn.Module | LM) -> tuple[nn.Module, str | None, str]:
     if isinstance(model, LM):
-        return model.model, _vocab_fingerprint(model.tokenizer), model.name
+        return model.model, vocab_fingerprint(model.tokenizer), model.name
     return model, None, type(model).__name__
-
-
-def _vocab_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
 def _check_inputs(model: nn.Module, name: str, input_ids: torch.Tensor, position_ids_BT: torch.Tensor,

@@ -44,8 +44,12 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat: bool) -> list[list[int]]:
-    """Token ids of each prompt; with `chat`, wrapped as a user turn plus the generation prompt."""
+def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat: bool,
+           context: tuple[tuple[str, str], ...] = ()) -> list[list[int]]:
+    """Token ids of each prompt; with `chat`, wrapped as a user turn plus the generation prompt,
+    after the `context` turns (`(role, content)` pairs: a system prompt, earlier exchanges)."""
+    if context and not chat:
+        raise InputError("context turns need chat=True")
     if not prompts:
         raise InputError("no prompts given")
     encoded = []
@@ -55,7 +59,8 @@ def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat: bool
         if chat:
             if not getattr(tokenizer, "chat_template", None):
                 raise InputError("--chat needs a tokenizer with a chat template; this one has none")
-            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+            turns = [{"role": role, "content": content} for role, content in context]
+            text = tokenizer.apply_chat_template(turns + [{"role": "user", "content": prompt}],
                                                  add_generation_prompt=True, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
@@ -98,6 +103,7 @@ def generate(
     max_new_tokens: int,
     min_new_tokens: int = 0,
     chat: bool = False,
+    context: tuple[tuple[str, str], ...] = (),
     temperature: float = 0.0,
     seed: int = 0,
 ) -> Batch:
@@ -108,6 +114,7 @@ def generate(
         prompts: texts; each non-empty.
         max_new_tokens: response length cap; `min_new_tokens` forbids EOS before that many.
         chat: encode prompts through the tokenizer's chat template.
+        context: with `chat`, `(role, content)` turns before each prompt (`encode`).
         temperature: 0 = greedy; > 0 samples with that temperature from an RNG seeded by `seed`.
 
     Returns:
@@ -119,7 +126,7 @@ def generate(
     if temperature < 0:
         raise InputError(f"temperature must be ≥ 0, got {temperature}")
     tok = lm.tokenizer
-    prompt_ids, prompt_attn = _pad_left(encode(tok, prompts, chat=chat), _pad_id(tok))
+    prompt_ids, prompt_attn = _pad_left(encode(tok, prompts, chat=chat, context=context), _pad_id(tok))
     eos = tok.eos_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                   pad_token_id=_pad_id(tok), eos_token_id=eos, use_cache=True)
@@ -140,3 +147,14 @@ def generate(
     attn = torch.cat([prompt_attn, resp_mask], dim=1)
     response_mask = torch.cat([torch.zeros_like(prompt_attn), resp_mask], dim=1)
     return Batch(out, attn, response_mask, tuple(prompts))
+
+
+def responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, bool]]:
+    """Each sequence's response as text (special tokens dropped) and whether it ended with EOS."""
+    out = []
+    eos = tokenizer.eos_token_id
+    for ids_T, mask_T in zip(batch.input_ids, batch.response_mask):
+        ids = ids_T[mask_T.bool()].tolist()
+        ended = bool(ids) and eos is not None and ids[-1] == eos
+        out.append((tokenizer.decode(ids, skip_special_tokens=True), ended))
+    return out

@@ -8,6 +8,8 @@ pre-tokenizer/decoder GPT-2 uses), wrapped in `PreTrainedTokenizerFast`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from functools import lru_cache
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -41,3 +43,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
         eos_token="<eos>",
         padding_side="right",
     )
+
+
+def vocab_fingerprint(tokenizer) -> str:
+    """SHA-256 of a tokenizer's whole token → id map: equal iff two tokenizers share a vocabulary."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()

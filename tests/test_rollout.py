@@ -86,3 +86,34 @@ def test_bad_prompts(tiny, tmp_path):
         read_prompts(tmp_path / "blank.txt")
     with pytest.raises(InputError, match="max_new_tokens"):
         generate(lm, ["a"], max_new_tokens=2, min_new_tokens=3)
+
+
+@pytest.mark.smollm2
+def test_context_turns_precede_the_prompt(smollm2):
+    from mismatch.rollout import encode
+
+    tok = smollm2.tokenizer
+    context = (("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."))
+    ids = encode(tok, ["What is tea?"], chat=True, context=context)[0]
+    text = tok.decode(ids)
+    expected = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is tea?"}],
+        add_generation_prompt=True, tokenize=False)
+    assert text == expected
+    assert text.index("Be brief.") < text.index("Hello.") < text.index("What is tea?")
+    with pytest.raises(InputError, match="context turns need chat=True"):
+        encode(tok, ["x"], chat=False, context=context)
+
+
+def test_responses_decode_up_to_eos(tiny):
+    from mismatch.rollout import Batch, responses
+
+    lm = tiny("tiny-llama")
+    tok = lm.tokenizer
+    hi, eos, pad = tok("hi")["input_ids"], tok.eos_token_id, tok.pad_token_id
+    ids = torch.tensor([[pad, *tok("ab")["input_ids"], *hi, eos],
+                        [*tok("abc")["input_ids"], *hi, *tok("!")["input_ids"]]])
+    resp = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
+    batch = Batch(ids, torch.ones_like(ids), resp, ("ab", "abc"))
+    assert responses(batch, tok) == [("hi", True), ("hi!", False)]

@@ -1,0 +1,273 @@
+"""Train a synthetic student–teacher pair from scratch, deterministically, on the CPU.
+
+Recipe (`BuildRecipe`, one frozen config per pair):
+  1. the teacher, a small real `transformers` model, is trained by supervised next-token
+     cross-entropy on the response tokens (answer + EOS) of train-split problems until it solves
+     held-out problems greedily (≥ 95% exact match is checked at the end);
+  2. the student, ≥ 4× fewer parameters, same tokenizer, gets a short supervised warm-up on the
+     same data that stops at the first evaluation reaching `student_target` held-out exact match
+     (evaluated every `student_eval_every` steps), so it starts between 20% and 60% and on-policy
+     distillation has room to improve it.
+
+Everything is seeded (`torch.Generator`s and `random.Random` from `recipe.seed`, dropout off)
+and runs on a fixed number of threads, so building twice gives bit-identical weights on one
+machine. `recipe_hash` keys the cache: change any number of the recipe (or `BUILDER_VERSION`)
+and the pair is rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
+
+from mismatch.errors import InputError
+from mismatch.models import LM
+from mismatch.pairs.tasks import SyntheticTask
+from mismatch.tokenizer import byte_tokenizer
+
+BUILDER_VERSION = "1"  # bump when the training code changes what it produces
+BUILD_THREADS = 2  # fixed: BLAS reductions (hence the weights' last bits) depend on the thread count
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """Size of one model of a synthetic pair (vocabulary: the 259-token byte tokenizer)."""
+
+    family: str  # qwen3 | llama | gpt2
+    width: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int = 64
+
+    def __post_init__(self) -> None:
+        if self.family not in ("qwen3", "llama", "gpt2"):
+            raise ValueError(f"family must be qwen3, llama or gpt2, got {self.family!r}")
+        if self.width % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"width {self.width}, heads {self.heads}, kv_heads {self.kv_heads} do not divide")
+
+    def config(self):
+        """The `transformers` config of this shape, dropout off, embeddings tied."""
+        tok = byte_tokenizer()
+        special = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+        if self.family == "gpt2":
+            return GPT2Config(n_embd=self.width, n_layer=self.layers, n_head=self.heads, n_inner=self.ffn,
+                              n_positions=self.context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                              **special)
+        cls = Qwen3Config if self.family == "qwen3" else LlamaConfig
+        return cls(hidden_size=self.width, num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                   num_key_value_heads=self.kv_heads, intermediate_size=self.ffn,
+                   head_dim=self.width // self.heads, max_position_embeddings=self.context, **special)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildRecipe:
+    """Everything that decides a synthetic pair's weights."""
+
+    task: str
+    teacher: ModelShape
+    student: ModelShape
+    seed: int = 0
+    train_pool: int = 40_000  # distinct train-split problems the models learn from
+    batch_size: int = 64
+    teacher_steps: int = 3000
+    teacher_lr: float = 3e-3
+    student_lr: float = 1e-3
+    student_max_steps: int = 1500
+    student_eval_every: int = 25
+    student_target: float = 0.3
+    eval_problems: int = 256  # held-out problems for the accuracies of the build report
+    warmup_eval_problems: int = 128  # held-out problems checked during the student warm-up
+
+    def __post_init__(self) -> None:
+        if not 0 < self.student_target < 1:
+            raise ValueError(f"student_target must be in (0, 1), got {self.student_target}")
+        for name in ("train_pool", "batch_size", "teacher_steps", "student_max_steps", "student_eval_every",
+                     "eval_problems", "warmup_eval_problems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+
+    def digest(self) -> str:
+        """Content hash of the recipe and the builder version (16 hex digits)."""
+        text = json.dumps({"recipe": dataclasses.asdict(self), "builder": BUILDER_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Distinct parameters (a tied head counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def init_model(shape: ModelShape, seed: int) -> PreTrainedModel:
+    """A freshly initialised model of `shape`, deterministic in `seed`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(shape.config(), dtype=torch.float32)
+
+
+def _examples(task: SyntheticTask, prompts: list[str]) -> list[tuple[list[int], int]]:
+    """`(prompt + answer + EOS ids, prompt length)` per prompt."""
+    tok = byte_tokenizer()
+    out = []
+    for p in prompts:
+        prompt_ids = tok(p)["input_ids"]
+        answer_ids = tok(task.answer(p))["input_ids"] + [tok.eos_token_id]
+        out.append((prompt_ids + answer_ids, len(prompt_ids)))
+    return out
+
+
+def _batch(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded `[B, T]` ids, attention mask and labels (-100 outside the responses)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for row, (seq, n_prompt) in enumerate(examples):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attn[row, : len(seq)] = 1
+        labels[row, n_prompt: len(seq)] = torch.tensor(seq[n_prompt:])
+    return ids, attn, labels
+
+
+def supervised_steps(model: PreTrainedModel, examples: list[tuple[list[int], int]], *, steps: int,
+                     lr: float, batch_size: int, seed: int,
+                     on_step: Callable[[int, float], bool] | None = None) -> int:
+    """AdamW on response-token cross-entropy, linear warm-up (5%) then cosine decay to 10% of `lr`.
+
+    Args:
+        examples: `(ids, prompt_length)` pairs; batches are drawn by a `random.Random(seed)`.
+        on_step: called as `on_step(step, loss_nats)` after each step; returning True stops early.
+
+    Returns:
+        The number of steps taken.
+    """
+    tok = byte_tokenizer()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    rng = random.Random(seed)
+    model.train()
+    step = 0
+    for step in range(1, steps + 1):
+        ids, attn, labels = _batch(rng.sample(examples, batch_size), tok.pad_token_id)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if on_step is not None and on_step(step, float(loss.detach())):
+            break
+    model.eval()
+    return step
+
+
+def train_pair(recipe: BuildRecipe, task: SyntheticTask,
+               progress: Progress | None = None) -> tuple[PreTrainedModel, PreTrainedModel, dict]:
+    """Train teacher and student of `recipe` (steps 1 and 2 of the module docstring).
+
+    Returns:
+        `(teacher, student, report)`, both models in eval mode; the report holds parameter
+        counts, held-out exact match of both (on `recipe.eval_problems` problems), the warm-up
+        curve `[(step, accuracy)]`, seconds and versions.
+    """
+    from mismatch.pairs.evaluate import greedy_accuracy
+
+    if task.name != recipe.task:
+        raise InputError(f"recipe is for task {recipe.task!r}, got {task.name!r}")
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    tok = byte_tokenizer()
+    try:
+        examples = _examples(task, task.prompts("train", recipe.train_pool, seed=recipe.seed))
+        held_out = task.prompts("held_out", recipe.eval_problems, seed=recipe.seed)
+        warm_eval = held_out[: recipe.warmup_eval_problems]
+
+        teacher = init_model(recipe.teacher, recipe.seed)
+        supervised_steps(teacher, examples, steps=recipe.teacher_steps, lr=recipe.teacher_lr,
+                         batch_size=recipe.batch_size, seed=recipe.seed,
+                         on_step=(lambda s, _l: progress("teacher", s, recipe.teacher_steps) or False)
+                         if progress else None)
+        teacher_acc = greedy_accuracy(LM(teacher, tok, "teacher"), task, held_out)
+
+        student = init_model(recipe.student, recipe.seed + 1)
+        warm_curve: list[tuple[int, float]] = []
+
+        def student_step(step: int, _loss: float) -> bool:
+            if progress:
+                progress("student warm-up", step, recipe.student_max_steps)
+            if step % recipe.student_eval_every:
+                return False
+            acc = greedy_accuracy(LM(student, tok, "student"), task, warm_eval)
+            student.train()
+            warm_curve.append((step, acc))
+            return acc >= recipe.student_target
+
+        steps = supervised_steps(student, examples, steps=recipe.student_max_steps, lr=recipe.student_lr,
+                                 batch_size=recipe.batch_size, seed=recipe.seed + 1, on_step=student_step)
+        student_acc = greedy_accuracy(LM(student, tok, "student"), task, held_out)
+    finally:
+        torch.set_num_threads(threads)
+    report = {
+        "recipe": dataclasses.asdict(recipe), "recipe_hash": recipe.digest(),
+        "teacher_params": parameter_count(teacher), "student_params": parameter_count(student),
+        "teacher_accuracy": teacher_acc, "student_accuracy": student_acc,
+        "student_warmup_steps": steps, "student_warmup_curve": warm_curve,
+        "held_out_problems": len(held_out), "build_seconds": round(time.perf_counter() - start, 1),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+    return teacher, student, report
+
+
+def build(recipe: BuildRecipe, task: SyntheticTask, out_dir: Path, progress: Progress | None = None) -> dict:
+    """Train a pair (`train_pair`), check its accuracy bounds, save it under `out_dir`.
+
+    Writes `out_dir/teacher/` and `out_dir/student/` (each a Hugging Face checkpoint: config,
+    `model.safetensors`, tokenizer) and `out_dir/manifest.json` (the report of `train_pair` plus
+    the SHA-256 of each weight file).
+
+    Raises:
+        InputError: the teacher ends below 95% or the student outside 20–60% held-out exact match
+            (the recipe needs retuning); nothing is written then.
+    """
+    teacher, student, report = train_pair(recipe, task, progress)
+    if report["teacher_accuracy"] < 0.95 or not 0.2 <= report["student_accuracy"] <= 0.6:
+        raise InputError(f"recipe for {recipe.task} missed its bounds: teacher {report['teacher_accuracy']:.1%} "
+                         f"(need ≥ 95%), student {report['student_accuracy']:.1%} after "
+                         f"{report['student_warmup_steps']} warm-up steps (need 20–60%)")
+    tok = byte_tokenizer()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for role, model in (("teacher", teacher), ("student", student)):
+        model.save_pretrained(out_dir / role)
+        tok.save_pretrained(out_dir / role)
+        files[f"{role}/model.safetensors"] = sha256_file(out_dir / role / "model.safetensors")
+    report["files"] = files
+    (out_dir / "manifest.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,324 @@
+"""The student–teacher pairs: registry, availability, loading (building synthetic ones on demand).
+
+Offline pairs (run here, no network):
+  * `smollm2-concise` — context distillation on the real SmolLM2-135M-Instruct weights. The
+    teacher is the model given privileged context (a system prompt asking for one-sentence answers
+    and three short question/answer turns); the student is the same weights without it. Measured
+    here on held-out questions: the teacher gives a short (≤ 30 words, EOS within 64 tokens) answer
+    far more often than the student. On-policy distillation with the per-token reverse KL to the
+    context-conditioned teacher on the student's own responses is context distillation (Snell et
+    al. 2022, "Learning by Distilling Context"; Askell et al. 2021): a fair OPD pair because the
+    teacher is a fixed policy over the same vocabulary, the student samples its own responses,
+    and the gap is a behaviour the student can learn (the same weights produce it in context).
+  * `sort-gpt2`, `reverse-qwen3` — small GPT-2 / Qwen3 models trained here from scratch
+    (`mismatch.pairs.build`), teacher ≥ 95% held-out exact match, student ≥ 4× smaller with a
+    short warm-up to 20–60%. Their weights are committed under `mismatch/data/pairs/` (built by
+    `mismatch pairs build`, keyed by the recipe's hash); a changed recipe is rebuilt into the
+    cache (`$MISMATCH_CACHE/pairs/`) on first load.
+
+Presets for real checkpoints (hub ids from the local Hugging Face cache only): Qwen3-8B→1.7B,
+Qwen3-4B→0.6B, Llama-3.1-8B-Instruct→Llama-3.2-1B-Instruct. A user pair is a TOML file
+(`load_pair("my_pair.toml")`, keys in `TOML_KEYS`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
+from mismatch.models import LM, cache_dir, load
+from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build, sha256_file
+from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
+from mismatch.tokenizer import vocab_fingerprint
+
+Message = tuple[str, str]  # (role, content) of a chat turn
+
+CONCISE_CONTEXT: tuple[Message, ...] = (
+    ("system", "You are a concise assistant: answer every question in one short sentence."),
+    ("user", "What is the boiling point of water?"),
+    ("assistant", "Water boils at 100 °C at sea level."),
+    ("user", "Who wrote Romeo and Juliet?"),
+    ("assistant", "William Shakespeare wrote Romeo and Juliet."),
+    ("user", "How do plants get energy?"),
+    ("assistant", "Plants turn sunlight into sugar through photosynthesis."),
+)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A loaded student–teacher pair.
+
+    `prompts` yields prompt texts by split (from the task or a prompt file); `task` scores
+    responses (None when the pair has no task: KL only). Each model sees a prompt as its own
+    context turns (chat) followed by the prompt: `teacher_context` is the teacher's privileged
+    context, `student_context` the student's (usually empty); responses are shared tokens.
+    """
+
+    name: str
+    student: LM
+    teacher: LM
+    task: object | None
+    prompt_source: object
+    chat: bool = False
+    teacher_context: tuple[Message, ...] = ()
+    student_context: tuple[Message, ...] = ()
+    max_new_tokens: int = 64
+    description: str = ""
+    info: dict = field(default_factory=dict)
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
+        """`n` prompts of `split` (`train` / `held_out`), deterministic in `seed`."""
+        return self.prompt_source.prompts(split, n, seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairSpec:
+    """A registry entry: what a pair is, before any weights are loaded."""
+
+    name: str
+    kind: str  # pretrained | synthetic | preset | toml
+    teacher: str
+    student: str
+    architecture: str
+    task: str
+    description: str
+    recipe: BuildRecipe | None = None
+    params: tuple[str, str] = ("?", "?")  # nominal sizes (teacher, student)
+
+
+SYNTHETIC_RECIPES = {
+    "sort-gpt2": BuildRecipe(
+        task="sort",
+        teacher=ModelShape(family="gpt2", width=96, layers=4, heads=4, kv_heads=4, ffn=384),
+        student=ModelShape(family="gpt2", width=48, layers=2, heads=4, kv_heads=4, ffn=192),
+        teacher_steps=1500),
+    "reverse-qwen3": BuildRecipe(
+        task="reverse",
+        teacher=ModelShape(family="qwen3", width=96, layers=4, heads=4, kv_heads=2, ffn=256),
+        student=ModelShape(family="qwen3", width=48, layers=2, heads=4, kv_heads=2, ffn=128),
+        teacher_steps=1000),
+}
+TASKS = {"sort": SortTask(), "reverse": ReverseTask(), "concise": ConciseTask()}
+
+_PRESETS = {
+    "qwen3-8b-to-1.7b": ("Qwen/Qwen3-8B", "Qwen/Qwen3-1.7B", "Qwen3", ("8.2B", "1.7B")),
+    "qwen3-4b-to-0.6b": ("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B", "Qwen3", ("4.0B", "0.6B")),
+    "llama3.1-8b-to-3.2-1b": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
+                              "Llama", ("8.0B", "1.2B")),
+}
+
+PAIRS: dict[str, PairSpec] = {
+    "smollm2-concise": PairSpec(
+        name="smollm2-concise", kind="pretrained", teacher="smollm2-135m + concise context",
+        student="smollm2-135m", architecture="Llama (SmolLM2)", task="concise",
+        description="context distillation of short answers on SmolLM2-135M-Instruct", params=("134.5M", "134.5M")),
+    **{name: PairSpec(name=name, kind="synthetic", teacher=f"{r.teacher.layers} layers × {r.teacher.width}",
+                      student=f"{r.student.layers} layers × {r.student.width}",
+                      architecture={"gpt2": "GPT-2", "qwen3": "Qwen3"}[r.teacher.family], task=r.task,
+                      description=f"{r.task} task, trained here from scratch", recipe=r)
+       for name, r in SYNTHETIC_RECIPES.items()},
+    **{name: PairSpec(name=name, kind="preset", teacher=t, student=s, architecture=arch, task="prompts (chat)",
+                      description=f"{t} → {s}, local Hugging Face cache only", params=sizes)
+       for name, (t, s, arch, sizes) in _PRESETS.items()},
+}
+
+TOML_KEYS = {"name", "student", "teacher", "prompts", "chat", "dtype", "teacher_system", "student_system",
+             "max_new_tokens"}
+
+
+# ---------------------------------------------------------------- availability
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def availability(spec: PairSpec) -> str | None:
+    """None when the pair can be loaded here without the network, else what is missing."""
+    if spec.kind == "preset":
+        missing = [r for r in (spec.teacher, spec.student) if not _in_hf_cache(r)]
+        return f"missing from the local Hugging Face cache: {', '.join(missing)}" if missing else None
+    if spec.kind == "pretrained":
+        from mismatch.models import smollm2_gguf_path
+
+        try:
+            smollm2_gguf_path()
+        except ModelNotAvailableError as exc:
+            return str(exc)
+    return None  # synthetic pairs are committed or built here
+
+
+def list_pairs(include_unavailable: bool = False) -> list[str]:
+    """Names of the registered pairs that load here offline (all of them with `include_unavailable`)."""
+    return [name for name, spec in PAIRS.items() if include_unavailable or availability(spec) is None]
+
+
+# ---------------------------------------------------------------- synthetic weights
+
+
+def committed_dir(name: str) -> Path:
+    """Where the committed weights of a synthetic pair live inside the package."""
+    return Path(str(resources.files("mismatch") / "data" / "pairs" / name))
+
+
+def _valid_build(directory: Path, recipe: BuildRecipe) -> dict | None:
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("recipe_hash") != recipe.digest():
+        return None
+    for rel, digest in manifest["files"].items():
+        if not (directory / rel).is_file() or sha256_file(directory / rel) != digest:
+            return None
+    return manifest
+
+
+def synthetic_dir(name: str, progress: Progress | None = None) -> tuple[Path, dict]:
+    """Directory and manifest of a synthetic pair's weights: the committed ones when their recipe
+    hash and file hashes match, else the cache, building there first if needed."""
+    recipe = SYNTHETIC_RECIPES[name]
+    for directory in (committed_dir(name), cache_dir() / "pairs" / f"{name}-{recipe.digest()}"):
+        manifest = _valid_build(directory, recipe)
+        if manifest is not None:
+            return directory, manifest
+    return build_pair(name, progress=progress)
+
+
+def build_pair(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> tuple[Path, dict]:
+    """Build a synthetic pair from scratch into `out_dir` (default: its cache directory),
+    replacing what is there only once the build succeeded. Returns the directory and manifest."""
+    if name not in SYNTHETIC_RECIPES:
+        raise InputError(f"only synthetic pairs are built: {', '.join(SYNTHETIC_RECIPES)}; got {name!r}")
+    recipe = SYNTHETIC_RECIPES[name]
+    target = Path(out_dir) if out_dir is not None else cache_dir() / "pairs" / f"{name}-{recipe.digest()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    try:
+        manifest = build(recipe, TASKS[recipe.task], staging, progress)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, manifest
+
+
+def pair_sizes(spec: PairSpec) -> tuple[str, str]:
+    """(teacher, student) parameter counts as text: measured for synthetic pairs with a build
+    (committed or cached), nominal otherwise."""
+    if spec.recipe is not None:
+        for directory in (committed_dir(spec.name), cache_dir() / "pairs" / f"{spec.name}-{spec.recipe.digest()}"):
+            path = directory / "manifest.json"
+            if path.is_file():
+                manifest = json.loads(path.read_text())
+                if manifest.get("recipe_hash") == spec.recipe.digest():
+                    return f"{manifest['teacher_params'] / 1e3:.0f}k", f"{manifest['student_params'] / 1e3:.0f}k"
+    return spec.params
+
+
+# ---------------------------------------------------------------- loading
+
+
+def check_same_vocabulary(student: LM, teacher: LM, name: str) -> None:
+    """Raise `VocabMismatchError` unless both tokenizers map the same tokens to the same ids and
+    both output heads have the same size."""
+    if vocab_fingerprint(student.tokenizer) != vocab_fingerprint(teacher.tokenizer):
+        raise VocabMismatchError(f"pair {name}: student {student.name} and teacher {teacher.name} have "
+                                 "different tokenizers (tokens map to different ids)")
+    sv = student.model.get_output_embeddings().weight.shape[0]
+    tv = teacher.model.get_output_embeddings().weight.shape[0]
+    if sv != tv:
+        raise VocabMismatchError(f"pair {name}: student {student.name} has {sv} output logits, "
+                                 f"teacher {teacher.name} has {tv}")
+
+
+def load_pair(name: str, *, dtype: str = "fp32", progress: Progress | None = None) -> Pair:
+    """Load a registered pair by name, or a user pair from a TOML file path.
+
+    Args:
+        name: a name from `list_pairs(include_unavailable=True)` or a path ending in `.toml`.
+        dtype: parameter dtype of both models (`fp32` default; TOML pairs may set their own).
+        progress: `progress(stage, done, total)` while a synthetic pair is being built.
+
+    Raises:
+        ModelNotAvailableError: a preset whose weights are not on disk (one line: where to put them).
+        VocabMismatchError: student and teacher do not share a vocabulary.
+        InputError: unknown name, bad TOML.
+    """
+    if name.endswith(".toml"):
+        return _load_toml(Path(name).expanduser(), dtype)
+    if name not in PAIRS:
+        raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
+    spec = PAIRS[name]
+    if spec.kind == "pretrained":
+        student, teacher = load("smollm2-135m", dtype=dtype), load("smollm2-135m", dtype=dtype)
+        task = TASKS["concise"]
+        pair = Pair(name=name, student=student, teacher=teacher, task=task, prompt_source=task, chat=True,
+                    teacher_context=CONCISE_CONTEXT, max_new_tokens=task.max_new_tokens,
+                    description=spec.description)
+    elif spec.kind == "synthetic":
+        directory, manifest = synthetic_dir(name, progress)
+        student = load(str(directory / "student"), dtype=dtype)
+        teacher = load(str(directory / "teacher"), dtype=dtype)
+        student = LM(student.model, student.tokenizer, f"{name}/student")
+        teacher = LM(teacher.model, teacher.tokenizer, f"{name}/teacher")
+        task = TASKS[spec.task]
+        pair = Pair(name=name, student=student, teacher=teacher, task=task, prompt_source=task,
+                    max_new_tokens=task.max_new_tokens, description=spec.description, info=manifest)
+    else:
+        missing = availability(spec)
+        if missing:
+            raise ModelNotAvailableError(
+                f"pair {name} needs {spec.teacher} and {spec.student} on disk ({missing}); download them "
+                f"where there is network (`hf download {spec.teacher}`) into this machine's Hugging Face "
+                "cache, or declare their directories in a pair .toml (see README)")
+        student, teacher = load(spec.student, dtype=dtype), load(spec.teacher, dtype=dtype)
+        source = PromptList.default()
+        pair = Pair(name=name, student=student, teacher=teacher, task=None, prompt_source=source, chat=True,
+                    max_new_tokens=256, description=spec.description)
+    check_same_vocabulary(pair.student, pair.teacher, name)
+    return pair
+
+
+def _load_toml(path: Path, dtype: str) -> Pair:
+    if not path.is_file():
+        raise InputError(f"pair file not found: {path}")
+    try:
+        cfg = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(cfg) - TOML_KEYS)
+    if unknown:
+        raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(TOML_KEYS))}")
+    missing = sorted({"student", "teacher", "prompts"} - set(cfg))
+    if missing:
+        raise InputError(f"{path}: missing key(s) {', '.join(missing)}")
+
+    def resolve(value: str) -> str:  # paths are relative to the TOML file; hub ids stay as they are
+        candidate = (path.parent / value).expanduser()
+        return str(candidate) if candidate.exists() else value
+
+    name = str(cfg.get("name", path.stem))
+    dtype = cfg.get("dtype", dtype)
+    student, teacher = load(resolve(cfg["student"]), dtype=dtype), load(resolve(cfg["teacher"]), dtype=dtype)
+    chat = bool(cfg.get("chat", True))
+    contexts = {}
+    for role in ("teacher", "student"):
+        system = cfg.get(f"{role}_system")
+        if system is not None and not chat:
+            raise InputError(f"{path}: {role}_system needs chat = true")
+        contexts[role] = (("system", str(system)),) if system else ()
+    pair = Pair(name=name, student=student, teacher=teacher, task=None,
+                prompt_source=PromptList.from_file(path.parent / cfg["prompts"]), chat=chat,
+                teacher_context=contexts["teacher"], student_context=contexts["student"],
+                max_new_tokens=int(cfg.get("max_new_tokens", 256)), description=f"user pair from {path}")
+    check_same_vocabulary(student, teacher, name)
+    return pair

@@ -1,0 +1,209 @@
+"""Tasks of the student–teacher pairs: prompts with train / held-out splits, and scoring.
+
+A task yields prompt strings (`prompts(split, n, seed)`), knows the correct response of each
+(`answer`, for the supervised warm-up) and scores responses (`score(prompts, responses)` →
+one reward in [0, 1] per item), so OPD and the sweep can measure accuracy, not only KL.
+
+Synthetic tasks (pairs trained here from scratch) are deterministic generators with exact-match
+scoring; every problem belongs to exactly one split, decided by a hash of its prompt text, so the
+splits never overlap whatever the seed or sample size:
+
+  * `sort`: `sort:83712=` → `12378` — the digits in ascending order (3–10 digits).
+  * `reverse`: `rev:stack=` → `kcats` — the letters in reverse order (3–12 letters).
+
+Both are solved by attention alone (sorting by content, reversal by position), which is what
+lets a teacher of ~0.5M parameters reach ≥ 95% in a few CPU minutes. (Multi-digit addition in
+the reversed-digit format was tried first: 1,000 steps left a 4-layer model near 10%.)
+
+`concise` is the task of the pretrained pair (context distillation on SmolLM2): open questions
+from templates × topics; a response scores 1 when it is a short answer, at most
+`max_words` words (`mismatch.pairs.evaluate` also requires it to end with EOS within
+`max_new_tokens` tokens).
+
+Responses are compared as decoded text without special tokens; a response the model did not end
+with EOS is scored by whoever decoded it (`mismatch.pairs.evaluate` scores it 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from mismatch.errors import InputError
+
+SPLITS = ("train", "held_out")
+HELD_OUT_SHARE = 5  # one problem in 5 is held out
+
+
+def split_of(prompt: str) -> str:
+    """`"held_out"` for one prompt in five (by SHA-256 of its text), else `"train"`."""
+    digest = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16)
+    return "held_out" if digest % HELD_OUT_SHARE == 0 else "train"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticTask:
+    """Base of the generated tasks: sampling by split, exact-match scoring."""
+
+    name: str = ""
+
+    def _draw(self, rng: random.Random) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def answer(self, prompt: str) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
+        """`n` distinct prompts of `split`, deterministic in `(task, split, seed)`."""
+        _check_split(split)
+        if n < 0:
+            raise InputError(f"n must be ≥ 0, got {n}")
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        seen: dict[str, None] = {}
+        for _ in range(200 * n + 1000):
+            if len(seen) == n:
+                break
+            prompt = self._draw(rng)
+            if split_of(prompt) == split:
+                seen.setdefault(prompt)
+        if len(seen) < n:
+            raise InputError(f"task {self.name} has fewer than {n} distinct {split} problems")
+        return list(seen)
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        """1.0 where the response equals the correct answer exactly, else 0.0."""
+        if len(prompts) != len(responses):
+            raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
+        return [float(r == self.answer(p)) for p, r in zip(prompts, responses)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SortTask(SyntheticTask):
+    """Sort 3–10 decimal digits ascending: `sort:83712=` → `12378`."""
+
+    name: str = "sort"
+    min_digits: int = 3
+    max_digits: int = 10
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Longest correct response in tokens, EOS included."""
+        return self.max_digits + 1
+    _pattern = re.compile(r"^sort:(\d+)=$")
+
+    def _draw(self, rng: random.Random) -> str:
+        n = rng.randint(self.min_digits, self.max_digits)
+        return "sort:" + "".join(rng.choice("0123456789") for _ in range(n)) + "="
+
+    def answer(self, prompt: str) -> str:
+        match = self._pattern.match(prompt)
+        if not match:
+            raise InputError(f"not a sort prompt: {prompt!r}")
+        return "".join(sorted(match.group(1)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReverseTask(SyntheticTask):
+    """Reverse 3–12 lowercase letters: `rev:stack=` → `kcats`."""
+
+    name: str = "reverse"
+    min_chars: int = 3
+    max_chars: int = 12
+    _pattern = re.compile(r"^rev:([a-z]+)=$")
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Longest correct response in tokens, EOS included."""
+        return self.max_chars + 1
+
+    def _draw(self, rng: random.Random) -> str:
+        n = rng.randint(self.min_chars, self.max_chars)
+        return "rev:" + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n)) + "="
+
+    def answer(self, prompt: str) -> str:
+        match = self._pattern.match(prompt)
+        if not match:
+            raise InputError(f"not a rev prompt: {prompt!r}")
+        return match.group(1)[::-1]
+
+
+_TEMPLATES = ("What is {t}?", "Explain {t} to a beginner.", "Why does {t} matter?",
+              "Tell me something interesting about {t}.", "How would you describe {t} to a friend?")
+_TOPICS = ("photosynthesis", "gravity", "the water cycle", "volcanoes", "the moon", "electricity",
+           "the internet", "vaccines", "climate change", "the human heart", "honey bees", "rainbows",
+           "earthquakes", "the Roman Empire", "democracy", "inflation", "recycling", "black holes",
+           "DNA", "the Great Wall of China", "coffee", "chess", "jazz music", "the Olympic Games",
+           "solar panels", "tides", "the immune system", "bread baking", "glaciers", "the printing press",
+           "a rainforest", "bicycles", "the stock market", "sleep", "mushrooms", "the Pacific Ocean",
+           "electric cars", "friendship", "the alphabet", "compound interest", "octopuses", "thunder",
+           "the Renaissance", "batteries", "deserts", "penguins", "the periodic table", "meditation",
+           "the Amazon river", "origami", "airplanes", "the speed of light", "libraries", "tea",
+           "the Moon landing", "wind turbines", "coral reefs", "the French Revolution", "music notation",
+           "a healthy breakfast")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConciseTask:
+    """Answer open questions in a short reply (context distillation of conciseness).
+
+    Prompts are the 300 combinations of 5 templates and 60 topics, split by `split_of`.
+    """
+
+    name: str = "concise"
+    max_words: int = 30
+    max_new_tokens: int = 64
+
+    def all_prompts(self) -> list[str]:
+        return [tpl.format(t=topic) for topic in _TOPICS for tpl in _TEMPLATES]
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
+        """`n` distinct prompts of `split` in an order shuffled by `seed`."""
+        _check_split(split)
+        pool = [p for p in self.all_prompts() if split_of(p) == split]
+        if not 0 <= n <= len(pool):
+            raise InputError(f"task {self.name} has {len(pool)} {split} prompts, asked for {n}")
+        random.Random(f"{self.name}/{split}/{seed}").shuffle(pool)
+        return pool[:n]
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        """1.0 for a non-empty response of at most `max_words` whitespace-separated words."""
+        if len(prompts) != len(responses):
+            raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
+        return [float(0 < len(r.split()) <= self.max_words) for r in responses]
+
+
+@dataclass(frozen=True)
+class PromptList:
+    """Prompts from a list (a user's file): split by `split_of`, no scoring."""
+
+    items: tuple[str, ...]
+    max_new_tokens: int = 256
+
+    @classmethod
+    def from_file(cls, path) -> PromptList:
+        from mismatch.rollout import read_prompts
+
+        return cls(tuple(dict.fromkeys(read_prompts(path))))
+
+    @classmethod
+    def default(cls) -> PromptList:
+        """The 36 chat prompts shipped with mismatch (`mismatch/data/prompts.txt`)."""
+        from importlib import resources
+
+        return cls.from_file(resources.files("mismatch") / "data" / "prompts.txt")
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
+        """`n` distinct prompts of `split` in an order shuffled by `seed`."""
+        _check_split(split)
+        pool = [p for p in self.items if split_of(p) == split]
+        if not 0 <= n <= len(pool):
+            raise InputError(f"the prompt list has {len(pool)} {split} prompts, asked for {n}")
+        random.Random(f"prompts/{split}/{seed}").shuffle(pool)
+        return pool[:n]

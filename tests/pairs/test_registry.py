@@ -1,0 +1,174 @@
+"""Pairs load offline with one vocabulary; accuracies within their bounds; presets and TOML pairs."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import mismatch
+from mismatch.cli import app
+from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
+from mismatch.pairs.build import parameter_count, sha256_file
+from mismatch.pairs.evaluate import greedy_accuracy
+from mismatch.pairs.registry import PAIRS, SYNTHETIC_RECIPES, check_same_vocabulary, committed_dir
+from mismatch.tokenizer import vocab_fingerprint
+
+runner = CliRunner()
+PRESETS = ["qwen3-8b-to-1.7b", "qwen3-4b-to-0.6b", "llama3.1-8b-to-3.2-1b"]
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return {name: mismatch.load_pair(name) for name in SYNTHETIC_RECIPES}
+
+
+def test_offline_pairs_are_listed_and_presets_are_not():
+    assert mismatch.list_pairs() == ["smollm2-concise", "sort-gpt2", "reverse-qwen3"]
+    assert mismatch.list_pairs(include_unavailable=True) == list(PAIRS)
+    assert set(PRESETS) <= set(PAIRS)
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_RECIPES))
+def test_synthetic_pair_shares_a_vocabulary_and_has_the_documented_sizes(synthetic, name):
+    pair = synthetic[name]
+    manifest = json.loads((committed_dir(name) / "manifest.json").read_text())
+    assert pair.info["recipe_hash"] == SYNTHETIC_RECIPES[name].digest()  # the committed build was used
+    for rel, digest in manifest["files"].items():
+        assert sha256_file(committed_dir(name) / rel) == digest
+    assert vocab_fingerprint(pair.student.tokenizer) == vocab_fingerprint(pair.teacher.tokenizer)
+    assert pair.student.model.config.vocab_size == pair.teacher.model.config.vocab_size == 259
+    t, s = parameter_count(pair.teacher.model), parameter_count(pair.student.model)
+    assert (t, s) == (manifest["teacher_params"], manifest["student_params"])
+    assert t >= 4 * s
+    family = SYNTHETIC_RECIPES[name].teacher.family
+    assert pair.teacher.model.config.model_type == pair.student.model.config.model_type == family
+
+
+def test_the_two_synthetic_pairs_are_two_families(synthetic):
+    assert {p.teacher.model.config.model_type for p in synthetic.values()} == {"gpt2", "qwen3"}
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_RECIPES))
+def test_teacher_and_student_accuracy_within_bounds(synthetic, name):
+    pair = synthetic[name]
+    held_out = pair.prompts("held_out", 300, seed=7)  # a fixed sample, not the build's own
+    teacher = greedy_accuracy(pair.teacher, pair.task, held_out)
+    student = greedy_accuracy(pair.student, pair.task, held_out)
+    assert teacher >= 0.95
+    assert 0.2 <= student <= 0.6
+
+
+def test_accuracy_counts_exact_matches(synthetic):
+    """greedy_accuracy against an explicit loop: generate one prompt at a time, compare strings."""
+    import torch
+
+    pair = synthetic["sort-gpt2"]
+    prompts = pair.prompts("held_out", 12, seed=3)
+    tok, model = pair.student.tokenizer, pair.student.model
+    hits = 0
+    for p in prompts:
+        ids = tok(p, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            for _ in range(pair.task.max_new_tokens):
+                nxt = model(ids).logits[0, -1].argmax()
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+                if int(nxt) == tok.eos_token_id:
+                    break
+        response = ids[0, len(tok(p)["input_ids"]):].tolist()
+        ended = response[-1] == tok.eos_token_id
+        hits += ended and tok.decode(response[:-1]) == pair.task.answer(p)
+    assert greedy_accuracy(pair.student, pair.task, prompts) == pytest.approx(hits / len(prompts))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_are_unavailable_with_a_one_line_message(name):
+    spec = PAIRS[name]
+    with pytest.raises(ModelNotAvailableError) as info:
+        mismatch.load_pair(name)
+    message = str(info.value)
+    assert "\n" not in message and spec.teacher in message and "hf download" in message
+    res = runner.invoke(app, ["pairs"])
+    assert res.exit_code == 0
+    assert name in res.output
+
+
+def test_cli_lists_pairs_and_rejects_bad_builds():
+    res = runner.invoke(app, ["pairs"])
+    assert res.exit_code == 0, res.output
+    for name in PAIRS:
+        assert name in res.output
+    res = runner.invoke(app, ["pairs", "build", "qwen3-4b-to-0.6b"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "only synthetic pairs" in res.output
+    res = runner.invoke(app, ["pairs", "build", "--out", "x"])
+    assert res.exit_code == 2 and "--out needs exactly one" in res.output
+
+
+def _save_tiny(tmp_path, spec, seed, name):
+    lm = mismatch.load(spec, seed=seed)
+    lm.model.save_pretrained(tmp_path / name)
+    lm.tokenizer.save_pretrained(tmp_path / name)
+    return lm
+
+
+def test_toml_pair_loads_and_checks_its_vocabulary(tmp_path):
+    _save_tiny(tmp_path, "tiny-llama", 0, "student")
+    _save_tiny(tmp_path, "tiny-qwen3", 1, "teacher")
+    (tmp_path / "prompts.txt").write_text("".join(f"prompt {i}\n" for i in range(30)))
+    toml = tmp_path / "pair.toml"
+    toml.write_text('name = "mine"\nstudent = "student"\nteacher = "teacher"\nprompts = "prompts.txt"\n'
+                    'chat = false\nmax_new_tokens = 32\n')
+    pair = mismatch.load_pair(str(toml))
+    assert pair.name == "mine" and pair.task is None and pair.max_new_tokens == 32
+    assert pair.student.model.config.model_type == "llama" and pair.teacher.model.config.model_type == "qwen3"
+    held = pair.prompts("held_out", len(pair.prompt_source.prompts("held_out", 0)) or 1)
+    assert all(p.startswith("prompt ") for p in held)
+
+    toml.write_text('student = "student"\nteacher = "teacher"\nprompts = "prompts.txt"\nbogus = 1\n')
+    with pytest.raises(InputError, match="unknown key.*bogus"):
+        mismatch.load_pair(str(toml))
+    toml.write_text('student = "student"\nprompts = "prompts.txt"\n')
+    with pytest.raises(InputError, match="missing key.*teacher"):
+        mismatch.load_pair(str(toml))
+    toml.write_text('student = "student"\nteacher = "teacher"\nprompts = "prompts.txt"\nchat = false\n'
+                    'teacher_system = "be brief"\n')
+    with pytest.raises(InputError, match="needs chat = true"):
+        mismatch.load_pair(str(toml))
+    with pytest.raises(InputError, match="not found"):
+        mismatch.load_pair(str(tmp_path / "nope.toml"))
+
+
+@pytest.mark.smollm2
+def test_vocabulary_mismatch_is_a_clear_error(tmp_path, smollm2):
+    from mismatch.models import smollm2_checkpoint
+
+    tiny = mismatch.load("tiny-llama")
+    with pytest.raises(VocabMismatchError, match="different tokenizers"):
+        check_same_vocabulary(tiny, smollm2, "x")
+    _save_tiny(tmp_path, "tiny-llama", 0, "student")
+    (tmp_path / "p.txt").write_text("a\nb\n")
+    (tmp_path / "pair.toml").write_text(f'student = "student"\nteacher = "{smollm2_checkpoint()}"\n'
+                                        'prompts = "p.txt"\n')
+    res = runner.invoke(app, ["pairs", "show", str(tmp_path / "pair.toml")])
+    assert res.exit_code == 2 and res.output.startswith("error: pair pair: student") and res.output.count("\n") == 1
+
+
+def test_unknown_pair_is_a_clear_error():
+    with pytest.raises(InputError, match="unknown pair 'nope'.*sort-gpt2"):
+        mismatch.load_pair("nope")
+
+
+@pytest.mark.smollm2
+def test_smollm2_concise_pair_has_a_measurable_gap():
+    """Same weights on both sides; only the teacher's context differs, and it changes behaviour.
+    Measured on all 66 held-out questions: teacher 87.9% short answers, student 0.0%."""
+    import torch
+
+    pair = mismatch.load_pair("smollm2-concise")
+    assert pair.student.model is not pair.teacher.model
+    for (name, a), b in zip(pair.student.model.state_dict().items(), pair.teacher.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert pair.chat and len(pair.teacher_context) == 7 and pair.student_context == ()
+    prompts = pair.prompts("held_out", 16, seed=0)
+    teacher = greedy_accuracy(pair.teacher, pair.task, prompts, chat=True, context=pair.teacher_context)
+    student = greedy_accuracy(pair.student, pair.task, prompts, chat=True, context=pair.student_context)
+    assert teacher >= 0.7 and student <= 0.15, (teacher, student)
