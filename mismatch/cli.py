@@ -195,6 +195,90 @@ def probe(
         err.print(f"wrote {out_file}", highlight=False)
 
 
+@app.command()
+@_one_line_errors
+def opd(
+    pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
+    rollout: Annotated[str, typer.Option(
+        help="Rollout copy: a perturbation spec (fp8-e4m3:channel, int4:group128, noise:0.01, bnb-nf4, …), "
+             "stale:K, or none (the student itself).")] = "none",
+    staleness: Annotated[int, typer.Option(help="Rollouts from weights K optimizer steps old (with --rollout "
+                                                 "too: a stale, perturbed copy).")] = 0,
+    layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
+    loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "pg-rkl",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 40,
+    batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 32,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+    tis_cap: Annotated[float | None, typer.Option(
+        help="Truncated importance sampling: weight tokens by min(π_student/π_rollout, CAP); off by default.")] = None,
+    temperature: Annotated[float, typer.Option(help="Rollout sampling temperature.")] = 1.0,
+    top_p: Annotated[float | None, typer.Option(help="Rollout nucleus sampling; off by default.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps.")] = 10,
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts per evaluation.")] = 128,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and noise.")] = 0,
+    baseline: Annotated[bool, typer.Option(
+        help="Also run the clean configuration (same seed and prompts) and print the tolerance verdict.")] = False,
+    kl_tol: Annotated[float, typer.Option(help="Verdict: final held-out KL within (1 + KL_TOL) × clean.")] = 0.10,
+    acc_tol: Annotated[float, typer.Option(help="Verdict: final accuracy at least clean − ACC_TOL.")] = 0.02,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for metrics.parquet (tidy rows, written after every step).")] = None,
+) -> None:
+    """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
+    import dataclasses
+
+    import pandas as pd
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mismatch.opd import OPDConfig, train
+    from mismatch.opd.recipe import config_columns
+    from mismatch.opd.verdict import verdict
+    from mismatch.results import provenance, write_results
+
+    try:
+        config = OPDConfig(pair=pair, rollout=rollout, staleness=staleness, layers=layers, loss=loss, steps=steps,
+                           batch_size=batch_size, lr=lr, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
+                           eval_every=eval_every, eval_prompts=eval_prompts, seed=seed)
+    except ValueError as exc:
+        raise MismatchError(str(exc)) from None
+    runs = [("clean", dataclasses.replace(config, rollout="none", staleness=0))] if baseline else []
+    runs.append(("run", config))
+    metrics_path = out_dir / "metrics.parquet" if out_dir is not None else None
+    stamp = provenance()
+    _quiet_transformers()
+    results: dict[str, list[dict]] = {}
+    for label, cfg in runs:
+        run_id = f"{cfg.pair}|{cfg.rollout}|K={cfg.staleness}|{cfg.loss}|seed={cfg.seed}"
+
+        def write(rows: list[dict], cfg=cfg, run_id=run_id) -> None:
+            if metrics_path is not None:
+                frame = pd.DataFrame(rows).assign(run_id=run_id, **config_columns(cfg), **stamp)
+                write_results(frame, metrics_path)
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=err, transient=True) as bar:
+            task = bar.add_task(f"opd {label} [{cfg.rollout}, K={cfg.staleness}]", total=cfg.steps, info="")
+
+            def progress(step: int, total: int, m: dict, task=task) -> None:
+                bar.update(task, completed=step, info=f"loss {m['loss']:.3g}")
+
+            results[label] = train(cfg, on_rows=write, progress=progress)
+    table = Table("run", "rollout", "final held-out rKL (nats)", "final held-out accuracy", title=escape(
+        f"OPD on {config.pair}, {config.loss}, {config.steps} steps"))
+    from mismatch.opd.verdict import final_value
+
+    for label, cfg in runs:
+        table.add_row(label, escape(f"{cfg.rollout}, K={cfg.staleness}"),
+                      f"{final_value(results[label], 'heldout_rkl'):.4g}",
+                      f"{final_value(results[label], 'heldout_accuracy'):.1%}")
+    out.print(table)
+    if baseline:
+        v = verdict(results["clean"], results["run"], kl_tol=kl_tol, acc_tol=acc_tol)
+        out.print(f"KL ratio {v['kl_ratio']:.3f} (≤ {1 + kl_tol:.2f}), accuracy Δ {100 * v['acc_delta']:+.1f} points "
+                  f"(≥ {-100 * acc_tol:.0f}) → {'TOLERATED' if v['tolerated'] else 'NOT tolerated'}", highlight=False)
+    if metrics_path is not None:
+        err.print(f"wrote {metrics_path}", highlight=False)
+
+
 pairs_app = typer.Typer(help="Student–teacher pairs: list them (no subcommand) or build the synthetic ones.",
                         invoke_without_command=True, add_completion=False)
 app.add_typer(pairs_app, name="pairs")

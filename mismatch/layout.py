@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError
@@ -146,3 +147,76 @@ def replay_prefix(layout: Layout, outputs: list[torch.Tensor], start: int, as_tu
     finally:
         for i, block in enumerate(originals):
             layout.layers[i] = block
+
+
+# ---------------------------------------------------------------- the output head
+
+
+@dataclass(frozen=True)
+class Head:
+    """The map from the head's input `[N, D]` to fp32 logits, with any logit post-processing.
+
+    Either a private copy of an `nn.Linear` head's weights (the reference side: immune to a
+    later in-place perturbation of the model) or the live head module itself (the candidate
+    side: its hooks and quantized forward run, as in the model). Known post-processing: Gemma's
+    `final_logit_softcapping` (cap·tanh(z/cap)), Cohere's `logit_scale` (z·s) and Granite's
+    `logits_scaling` (z/s). `reference()`/`probe()` check this map against the model's own output
+    on one position per sequence, so an architecture doing something else fails loudly.
+    """
+
+    weight: torch.Tensor | None  # [V, D] private copy, or None for a live module
+    bias: torch.Tensor | None  # [V]
+    module: nn.Module | None
+    vocab_size: int
+    softcap: float | None = None
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, model: nn.Module, head: nn.Module, *, copy: bool) -> Head:
+        cfg = model.config
+        scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+        if getattr(cfg, "logits_scaling", None):
+            scale /= float(cfg.logits_scaling)
+        post = dict(softcap=getattr(cfg, "final_logit_softcapping", None), scale=scale)
+        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+        if not copy:
+            return cls(None, None, head, vocab, **post)
+        if type(head) is not nn.Linear:
+            raise InputError(f"reference head of {type(model).__name__} is {type(head).__name__}, "
+                             "not a plain nn.Linear; probe the unperturbed model as the reference")
+        bias = None if head.bias is None else head.bias.detach().clone()
+        return cls(head.weight.detach().clone(), bias, None, vocab, **post)
+
+    def logits(self, hidden_ND: torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[N, V]`; the matmul runs in the head's own dtype, like the model's."""
+        if self.module is not None:
+            z = self.module(hidden_ND).float()
+        else:
+            z = F.linear(hidden_ND.to(self.weight.dtype), self.weight, self.bias).float()
+        if self.scale != 1.0:
+            z = z * self.scale
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+
+def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                position_ids_BT: torch.Tensor, index_N: torch.Tensor) -> torch.Tensor:
+    """The output head's input rows `[N, D]` at flat positions `index_N` (into `[B*T]`).
+
+    One forward pass whose own head runs on the last position only, so no `[B, T, V]` logits
+    exist; gradients flow when the caller has them enabled (OPD's student) and not under
+    `torch.no_grad()` (rollout and teacher scoring). Apply `Head.logits` chunk by chunk.
+    """
+    layout = model_layout(model)
+    B, T = input_ids_BT.shape
+    kept: dict[str, torch.Tensor] = {}
+
+    def on_head_input(hidden_BTD: torch.Tensor) -> torch.Tensor:
+        kept["rows"] = hidden_BTD.reshape(B * T, -1).index_select(0, index_N)
+        return hidden_BTD[:, -1:, :]
+
+    with capture(layout, None, on_head_input):
+        model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=position_ids_BT,
+              use_cache=False)
+    return kept["rows"]

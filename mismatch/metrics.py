@@ -68,3 +68,26 @@ def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) ->
         "dp_rms": ((t["logp_cand"].exp() - t["logp_ref"].exp()) ** 2).mean().sqrt(),
     }
     return {k: float(v) for k, v in out.items()}
+
+
+def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, clip: float = 2.0
+                          ) -> dict[str, float]:
+    """Training/rollout mismatch on the rollout's own sampled tokens (`y ~ π_R`), as RL
+    frameworks log it (verl's rollout-correction metrics).
+
+    With `log r = log π_train(y) − log π_rollout(y)` per token (`[N]` each, nats):
+    `kl` = mean(−log r) (the k1 estimate of KL(π_R ‖ π_train)), `k3` = mean(r − 1 − log r) (the
+    k3 estimate of the same KL), `logp_abs_diff_mean` / `_max` = |log r|,
+    `is_ratio_outside_frac` = share of r outside [1/clip, clip], `chi2_token` = E[r²] − 1.
+    All exactly 0 when the two policies give identical log-probs.
+    """
+    log_r = logp_train_N.double() - logp_rollout_N.double()
+    r = log_r.exp()
+    return {
+        "kl": float((-log_r).mean()) + 0.0,
+        "k3": float((torch.expm1(log_r) - log_r).mean()),
+        "logp_abs_diff_mean": float(log_r.abs().mean()),
+        "logp_abs_diff_max": float(log_r.abs().max()),
+        "is_ratio_outside_frac": float(((r < 1.0 / clip) | (r > clip)).double().mean()),
+        "chi2_token": float((r * r).mean() - 1.0),
+    }

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import Layout, capture, model_layout, replay_prefix
+from mismatch.layout import Head, Layout, capture, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
 from mismatch.tokenizer import vocab_fingerprint
@@ -39,54 +39,6 @@ LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")
 
 
 # ---------------------------------------------------------------- the output head
-
-
-@dataclass(frozen=True)
-class Head:
-    """The map from the head's input `[N, D]` to fp32 logits, with any logit post-processing.
-
-    Either a private copy of an `nn.Linear` head's weights (the reference side: immune to a
-    later in-place perturbation of the model) or the live head module itself (the candidate
-    side: its hooks and quantized forward run, as in the model). Known post-processing: Gemma's
-    `final_logit_softcapping` (cap·tanh(z/cap)), Cohere's `logit_scale` (z·s) and Granite's
-    `logits_scaling` (z/s). `reference()`/`probe()` check this map against the model's own output
-    on one position per sequence, so an architecture doing something else fails loudly.
-    """
-
-    weight: torch.Tensor | None  # [V, D] private copy, or None for a live module
-    bias: torch.Tensor | None  # [V]
-    module: nn.Module | None
-    vocab_size: int
-    softcap: float | None = None
-    scale: float = 1.0
-
-    @classmethod
-    def of(cls, model: nn.Module, head: nn.Module, *, copy: bool) -> Head:
-        cfg = model.config
-        scale = float(getattr(cfg, "logit_scale", None) or 1.0)
-        if getattr(cfg, "logits_scaling", None):
-            scale /= float(cfg.logits_scaling)
-        post = dict(softcap=getattr(cfg, "final_logit_softcapping", None), scale=scale)
-        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
-        if not copy:
-            return cls(None, None, head, vocab, **post)
-        if type(head) is not nn.Linear:
-            raise InputError(f"reference head of {type(model).__name__} is {type(head).__name__}, "
-                             "not a plain nn.Linear; probe the unperturbed model as the reference")
-        bias = None if head.bias is None else head.bias.detach().clone()
-        return cls(head.weight.detach().clone(), bias, None, vocab, **post)
-
-    def logits(self, hidden_ND: torch.Tensor) -> torch.Tensor:
-        """fp32 logits `[N, V]`; the matmul runs in the head's own dtype, like the model's."""
-        if self.module is not None:
-            z = self.module(hidden_ND).float()
-        else:
-            z = F.linear(hidden_ND.to(self.weight.dtype), self.weight, self.bias).float()
-        if self.scale != 1.0:
-            z = z * self.scale
-        if self.softcap:
-            z = torch.tanh(z / self.softcap) * self.softcap
-        return z
 
 
 # ---------------------------------------------------------------- masks and inputs

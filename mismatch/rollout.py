@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mismatch.errors import InputError
+from mismatch.layout import Head, head_inputs, model_layout
 from mismatch.models import LM
 
 
@@ -105,6 +106,7 @@ def generate(
     chat: bool = False,
     context: tuple[tuple[str, str], ...] = (),
     temperature: float = 0.0,
+    top_p: float | None = None,
     seed: int = 0,
 ) -> Batch:
     """Generate one response per prompt with `lm` and return prompt+response as a `Batch`.
@@ -116,6 +118,7 @@ def generate(
         chat: encode prompts through the tokenizer's chat template.
         context: with `chat`, `(role, content)` turns before each prompt (`encode`).
         temperature: 0 = greedy; > 0 samples with that temperature from an RNG seeded by `seed`.
+        top_p: with sampling, nucleus sampling (`transformers`' `TopPLogitsWarper`); None = off.
 
     Returns:
         A `Batch` whose `response_mask` marks the generated tokens up to and including the first EOS.
@@ -125,12 +128,14 @@ def generate(
                          f"got {min_new_tokens}, {max_new_tokens}")
     if temperature < 0:
         raise InputError(f"temperature must be ≥ 0, got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InputError(f"top_p must be in (0, 1], got {top_p}")
     tok = lm.tokenizer
     prompt_ids, prompt_attn = _pad_left(encode(tok, prompts, chat=chat, context=context), _pad_id(tok))
     eos = tok.eos_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                   pad_token_id=_pad_id(tok), eos_token_id=eos, use_cache=True)
-    kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p or 1.0)
                   if temperature > 0 else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
     device = next(lm.model.parameters()).device
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -158,3 +163,83 @@ def responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[tuple[st
         ended = bool(ids) and eos is not None and ids[-1] == eos
         out.append((tokenizer.decode(ids, skip_special_tokens=True), ended))
     return out
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Sampled responses and the rollout model's own log-probability of each response token."""
+
+    batch: Batch
+    logprobs: torch.Tensor  # [B, T] fp32 nats: log π_R(y_t) at response tokens, 0 elsewhere
+
+
+def response_index(response_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Flat `[N]` indices into `[B*T]` of the positions whose logits predict each response token
+    (row-major order, the order of `response_mask_BT.nonzero()`)."""
+    seq_N, t_N = response_mask_BT.bool().nonzero(as_tuple=True)
+    return seq_N * response_mask_BT.shape[1] + t_N - 1
+
+
+def position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Positions counted from each sequence's first attended token (left padding)."""
+    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def warp(logits_CV: torch.Tensor, temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
+    """The sampling distribution's logits: temperature then nucleus filtering with the same
+    `transformers` warpers `generate` uses (filtered tokens get -inf). temperature 0 = 1 here."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    if temperature not in (0.0, 1.0):
+        logits_CV = TemperatureLogitsWarper(temperature)(None, logits_CV)
+    if top_p is not None and top_p < 1.0:
+        logits_CV = TopPLogitsWarper(top_p)(None, logits_CV)
+    return logits_CV
+
+
+@torch.no_grad()
+def sequence_logprobs(model, batch: Batch, *, temperature: float = 1.0, top_p: float | None = None,
+                      chunk_tokens: int = 1024) -> torch.Tensor:
+    """`log π(y_t)` of every response token under `model`'s sampling distribution, `[B, T]` fp32.
+
+    Computed by one teacher-forced forward pass over the whole sequences (not taken from the
+    incremental decoding), so a policy scored here and the same policy in training agree bit for
+    bit: what differs between rollout and training log-probs is the model, not the arithmetic.
+    The head runs on `chunk_tokens` rows at a time (no `[B, T, V]` tensor).
+    """
+    index_N = response_index(batch.response_mask)
+    hidden_ND = head_inputs(model, batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask),
+                            index_N)
+    head = Head.of(model, model_layout(model).head, copy=False)
+    token_N = batch.input_ids[batch.response_mask.bool()]
+    out_N = torch.empty(index_N.shape[0], dtype=torch.float32)
+    for start in range(0, index_N.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        logp_CV = torch.log_softmax(warp(head.logits(hidden_ND[rows]), temperature, top_p), dim=-1)
+        out_N[rows] = logp_CV.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
+    logprobs_BT = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    logprobs_BT[batch.response_mask.bool()] = out_N
+    return logprobs_BT
+
+
+def sample(lm: LM, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+           top_p: float | None = None, seed: int = 0, chat: bool = False,
+           context: tuple[tuple[str, str], ...] = ()) -> Rollout:
+    """Sample one response per prompt from a rollout model, with its own per-token log-probs.
+
+    Args:
+        lm: the rollout model (the student, a `perturbed(...)` copy, a stale copy).
+        prompts: texts; `chat` / `context` as in `encode`.
+        max_new_tokens: response cap; a response ends at its first EOS (included) or there.
+        temperature: 1 by default (the policy itself); `top_p` optional nucleus sampling.
+        seed: the sampling RNG's seed (same seed, same responses).
+
+    Returns:
+        `Rollout(batch, logprobs)`; `logprobs[b, t]` = log-probability of token `t` under the
+        distribution it was sampled from (`warp` applied), 0 outside responses.
+    """
+    if temperature <= 0:
+        raise InputError(f"sampling needs temperature > 0, got {temperature}")
+    batch = generate(lm, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
+                     temperature=temperature, top_p=top_p, seed=seed)
+    return Rollout(batch, sequence_logprobs(lm.model, batch, temperature=temperature, top_p=top_p))

@@ -117,3 +117,39 @@ def test_responses_decode_up_to_eos(tiny):
     resp = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
     batch = Batch(ids, torch.ones_like(ids), resp, ("ab", "abc"))
     assert responses(batch, tok) == [("hi", True), ("hi!", False)]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, None), (0.7, None), (1.0, 0.8)])
+def test_sample_returns_the_rollout_models_own_logprobs(tiny, temperature, top_p):
+    from mismatch.rollout import sample
+
+    lm = tiny("tiny-qwen3")
+    prompts = ["ab", "hello there", "x"]
+    r = sample(lm, prompts, max_new_tokens=7, temperature=temperature, top_p=top_p, seed=11)
+    again = sample(lm, prompts, max_new_tokens=7, temperature=temperature, top_p=top_p, seed=11)
+    assert torch.equal(r.batch.input_ids, again.batch.input_ids) and torch.equal(r.logprobs, again.logprobs)
+    b = r.batch
+    assert torch.equal(r.logprobs != 0, b.response_mask.bool())
+    # independent: one sequence at a time, no padding, full logits, explicit temperature and nucleus
+    for row in range(len(prompts)):
+        keep = b.attention_mask[row].bool()
+        ids = b.input_ids[row][keep].unsqueeze(0)
+        resp = b.response_mask[row][keep]
+        with torch.no_grad():
+            z = lm.model(ids).logits[0].double() / temperature
+        for t in resp.nonzero().flatten().tolist():
+            probs = torch.softmax(z[t - 1], -1)
+            if top_p is not None:
+                order = probs.argsort(descending=True)
+                cum = probs[order].cumsum(0)
+                kept = order[: int((cum < top_p).sum()) + 1]
+                mask = torch.zeros_like(probs, dtype=torch.bool)
+                mask[kept] = True
+                probs = torch.where(mask, probs, 0) / probs[mask].sum()
+            y = ids[0, t]
+            assert probs[y] > 0  # a sampled token lies inside the nucleus
+            want = float(probs[y].log())
+            got = float(r.logprobs[row][keep][t])
+            assert got == pytest.approx(want, abs=2e-5)
+    with pytest.raises(InputError, match="temperature > 0"):
+        sample(lm, prompts, max_new_tokens=3, temperature=0)

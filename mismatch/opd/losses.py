@@ -1,0 +1,71 @@
+"""On-policy distillation losses, per token, on one chunk of response tokens.
+
+Notation: the student `π_S` is the policy being trained, the teacher `π_T` is fixed, the rollout
+policy `π_R` generated the tokens `y_t` (the student itself, or a quantized / noisy / stale copy).
+Every function takes fp32 log-probabilities and returns one value per token (`[C]`); the
+training loop sums them over chunks and divides by the number of response tokens, so the loss
+and its gradient do not depend on the chunk size (up to fp32 rounding).
+
+* `pg-rkl` (sampled-token reverse KL as a per-token policy-gradient signal): the advantage
+  `A_t = log π_T(y_t) − log π_S(y_t)`, held constant (stop-gradient), and the surrogate
+  `ℓ_t = −A_t · log π_S(y_t)`, whose gradient `−A_t ∇ log π_S(y_t)` is, for `y ~ π_S`, an
+  unbiased per-token estimate of `∇ KL(π_S ‖ π_T)` (the score-function term `E[∇ log π_S] = 0`
+  drops the `+1`). Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning
+  from Self-Generated Mistakes" (GKD, λ = 1, reverse KL); Thinking Machines 2025, "On-Policy
+  Distillation" (per-token reverse KL as the advantage, discount 0).
+* `full-rkl`: `Σ_v π_S(v) (log π_S(v) − log π_T(v))` at each rollout position (exact reverse KL
+  over the whole vocabulary; gradient through `π_S` everywhere).
+* `full-fkl`: `Σ_v π_T(v) (log π_T(v) − log π_S(v))` (forward KL, supervised-KD style).
+* truncated importance sampling (`tis_weights`): `w_t = min(π_S(y_t) / π_R(y_t), C)`, held
+  constant, multiplies each token's term so that updates computed on `π_R`'s samples target
+  `π_S` (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+  Training", TIS with C = 2). Off by default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSSES = ("pg-rkl", "full-rkl", "full-fkl")
+
+
+def pg_rkl(logp_student_C: torch.Tensor, logp_teacher_C: torch.Tensor) -> torch.Tensor:
+    """Per-token policy-gradient surrogate `−sg(log π_T(y) − log π_S(y)) · log π_S(y)`, `[C]`.
+
+    Args:
+        logp_student_C: `log π_S(y_t)` of the sampled tokens (carries the gradient), nats.
+        logp_teacher_C: `log π_T(y_t)` of the same tokens, nats.
+    """
+    advantage = (logp_teacher_C - logp_student_C).detach()
+    return -advantage * logp_student_C
+
+
+def full_rkl(logp_student_CV: torch.Tensor, logp_teacher_CV: torch.Tensor) -> torch.Tensor:
+    """Per-token reverse KL `Σ_v π_S (log π_S − log π_T)` over the vocabulary, `[C]` nats.
+
+    Both inputs are `[C, V]` fp32 log-probabilities; the gradient flows through the student's.
+    """
+    return (logp_student_CV.exp() * (logp_student_CV - logp_teacher_CV)).sum(-1)
+
+
+def full_fkl(logp_student_CV: torch.Tensor, logp_teacher_CV: torch.Tensor) -> torch.Tensor:
+    """Per-token forward KL `Σ_v π_T (log π_T − log π_S)` over the vocabulary, `[C]` nats."""
+    return (logp_teacher_CV.exp() * (logp_teacher_CV - logp_student_CV)).sum(-1)
+
+
+def tis_weights(logp_student_C: torch.Tensor, logp_rollout_C: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights `min(π_S(y) / π_R(y), cap)`, `[C]`, no gradient."""
+    return torch.exp(logp_student_C.detach() - logp_rollout_C).clamp(max=cap)
+
+
+def token_loss(name: str, logp_student_CV: torch.Tensor, logp_teacher_CV: torch.Tensor,
+               token_C: torch.Tensor) -> torch.Tensor:
+    """The per-token terms `[C]` of loss `name` (one of `LOSSES`) from full `[C, V]` log-probs."""
+    if name == "pg-rkl":
+        idx = token_C.unsqueeze(-1)
+        return pg_rkl(logp_student_CV.gather(-1, idx).squeeze(-1), logp_teacher_CV.gather(-1, idx).squeeze(-1))
+    if name == "full-rkl":
+        return full_rkl(logp_student_CV, logp_teacher_CV)
+    if name == "full-fkl":
+        return full_fkl(logp_student_CV, logp_teacher_CV)
+    raise ValueError(f"unknown loss {name!r}; valid: {', '.join(LOSSES)}")

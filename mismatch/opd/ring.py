@@ -1,0 +1,89 @@
+"""The rollout copy of the student: stale weights (a ring of past weights) and any perturbation.
+
+An asynchronous OPD pipeline with staleness K generates step s's rollouts with the weights of
+step s − K. `RolloutCopy` reproduces that on one machine: after every optimizer step it records
+the student's weights in a ring of the last K + 1 versions and loads the oldest into a separate
+copy of the model, then re-applies the rollout perturbation (re-quantizing / re-noising those
+weights). Before K steps have passed the oldest version is the initial one (pipeline warm-up).
+With no perturbation and K = 0 the rollout model is the student itself (no copy), unless asked
+for a copy (`stale:0`, which must and does reproduce the clean run bit for bit).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import torch
+from torch import nn
+
+from mismatch.perturb import perturb_, restore_
+from mismatch.perturb.spec import StaleConfig, parse_spec
+
+
+def split_rollout_spec(spec: str | None, staleness: int) -> tuple[str | None, int]:
+    """`(perturbation spec or None, staleness)` from a rollout spec that may be `stale:K`."""
+    if spec in (None, "", "none"):
+        return None, staleness
+    config = parse_spec(spec)
+    if isinstance(config, StaleConfig):
+        if staleness not in (0, config.steps):
+            raise ValueError(f"rollout {spec} and staleness {staleness} disagree")
+        return None, config.steps
+    return str(config), staleness
+
+
+class RolloutCopy:
+    """The model that generates rollouts: the student's weights `staleness` steps old, perturbed.
+
+    Args:
+        student: the model being trained (read, never changed).
+        spec: a perturbation spec (`mismatch.perturb`) or None.
+        staleness: K ≥ 0.
+        layers: the perturbation's layer scope; `seed`: its seed (noise is re-drawn with
+            `seed + version` at each refresh).
+        calibration_ids: for `quanto-…:a8` specs.
+        share: with no perturbation and K = 0, serve the student itself instead of a copy that
+            is reloaded with the current weights each step (the same numbers, less work).
+    """
+
+    def __init__(self, student: nn.Module, spec: str | None = None, staleness: int = 0, *,
+                 layers: str = "linear", seed: int = 0, calibration_ids: torch.Tensor | None = None,
+                 share: bool = True) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness must be ≥ 0, got {staleness}")
+        self.student, self.spec, self.staleness = student, spec, staleness
+        self.layers, self.seed, self.calibration_ids = layers, seed, calibration_ids
+        self.version = 0  # optimizer steps of the student so far
+        self.served_version = 0  # which version the rollout model holds
+        self.ring: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=staleness + 1)
+        self.is_student = share and spec is None and staleness == 0
+        self.model = student if self.is_student else copy.deepcopy(student)
+        if not self.is_student:
+            self.model.requires_grad_(False)
+            self.ring.append((0, self._weights()))
+        self._snapshot = None
+        self._perturb()
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+
+    def _perturb(self) -> None:
+        if self.spec is not None:
+            self._snapshot = perturb_(self.model, self.spec, layers=self.layers,
+                                      seed=self.seed + self.served_version, calibration_ids=self.calibration_ids)
+
+    def refresh(self) -> None:
+        """Call after each optimizer step of the student: serve the weights `staleness` steps old."""
+        self.version += 1
+        if self.is_student:
+            self.served_version = self.version
+            return
+        self.ring.append((self.version, self._weights()))
+        if self._snapshot is not None:
+            restore_(self.model, self._snapshot)
+            self._snapshot = None
+        self.served_version, weights = self.ring[0]
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+        self._perturb()
