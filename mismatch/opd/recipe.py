@@ -162,13 +162,20 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
 
 @torch.no_grad()
 def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, student_context, teacher_context,
-                max_new_tokens: int, seed: int, chunk_tokens: int) -> float:
+                max_new_tokens: int, seed: int, chunk_tokens: int, task=None) -> tuple[float, float]:
     """Mean per-token reverse KL(π_S ‖ π_T) (nats) on the student's own samples (temperature 1,
-    fixed `seed`) to `prompts`."""
+    fixed `seed`) to `prompts`, and the task's mean reward of those samples (NaN without a task;
+    a sample not ended by EOS scores 0)."""
     from mismatch.opd.losses import full_rkl
+    from mismatch.rollout import responses
 
     rollout = sample(student, prompts, max_new_tokens=max_new_tokens, seed=seed, chat=chat, context=student_context)
     batch = rollout.batch
+    reward = math.nan
+    if task is not None:
+        decoded = responses(batch, student.tokenizer)
+        scores = task.score(prompts, [text for text, _ in decoded])
+        reward = sum(s for s, (_, ended) in zip(scores, decoded) if ended) / len(prompts)
     t_batch = batch if teacher_context == student_context else reprompt(
         batch, teacher.tokenizer, prompts, chat=chat, context=teacher_context)
     h_S, h_T = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
@@ -179,7 +186,7 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
         rows = slice(start, start + chunk_tokens)
         total += float(full_rkl(torch.log_softmax(head_S.logits(h_S[rows]), -1),
                                 torch.log_softmax(head_T.logits(h_T[rows]), -1)).double().sum())
-    return total / h_S.shape[0]
+    return total / h_S.shape[0], reward
 
 
 def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None] | None = None,
@@ -199,7 +206,8 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
         columns). Metrics per step: loss, grad_norm, tokens, tokens_per_s, wall_s, rollout_s,
         teacher_s, update_s, the mismatch metrics on the step's own rollout tokens (mismatch_kl,
         mismatch_k3, mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac,
-        mismatch_chi2_token), served_version; at evaluation steps heldout_rkl and heldout_accuracy.
+        mismatch_chi2_token), served_version; at evaluation steps heldout_rkl, and with a task
+        heldout_accuracy (greedy) and heldout_sampled_accuracy (the temperature-1 samples).
     """
     from mismatch.pairs import load_pair
     from mismatch.pairs.evaluate import greedy_accuracy
@@ -235,11 +243,12 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
             on_rows(new)
 
     def evaluate(step: int) -> dict[str, float]:
-        out = {"heldout_rkl": heldout_rkl(student, teacher, eval_set, chat=pair.chat,
-                                          student_context=pair.student_context,
-                                          teacher_context=pair.teacher_context, max_new_tokens=max_new,
-                                          seed=config.seed + 7919, chunk_tokens=config.chunk_tokens)}
+        rkl, sampled = heldout_rkl(student, teacher, eval_set, chat=pair.chat, student_context=pair.student_context,
+                                   teacher_context=pair.teacher_context, max_new_tokens=max_new,
+                                   seed=config.seed + 7919, chunk_tokens=config.chunk_tokens, task=pair.task)
+        out = {"heldout_rkl": rkl}
         if pair.task is not None:
+            out["heldout_sampled_accuracy"] = sampled
             out["heldout_accuracy"] = greedy_accuracy(student, pair.task, eval_set, max_new_tokens=max_new,
                                                       chat=pair.chat, context=pair.student_context)
         return out

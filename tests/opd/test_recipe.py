@@ -88,3 +88,14 @@ def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
     rows = pd.read_parquet(out / "metrics.parquet")
     assert sorted(rows["step"].unique()) == [0, 1, 2]  # the evaluation at 0 and two finished steps
     assert set(rows["pair"]) == {"reverse-qwen3"} and "git_sha" in rows
+
+
+def test_clean_run_lowers_heldout_reverse_kl():
+    """Measured: 7.65 → 6.84 nats after 30 steps (full-rkl, lr 1e-4, 128 prompts/step). Accuracy does
+    not rise yet on this pair (README, "Not done yet"), so only the KL is asserted."""
+    rows = train(OPDConfig(pair="reverse-qwen3", loss="full-rkl", lr=1e-4, steps=30, batch_size=128,
+                           eval_every=30, eval_prompts=128))
+    kl = _by(rows, "heldout_rkl")
+    assert set(kl) == {0, 30}
+    assert kl[30] <= 0.95 * kl[0]
+    assert all(r["value"] > 0 for r in rows if r["metric"] == "grad_norm")
