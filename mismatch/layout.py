@@ -6,7 +6,10 @@ Per-layer probes (and later, per-layer perturbation scopes) rely on these names:
 `embed`, `layers.0` ... `layers.{L-1}`, `final_norm`.
 
 `capture(...)` registers forward hooks on those modules for one forward pass and removes them in
-`finally`, as TransformerLens' `HookedRootModule.hooks` does.
+`finally`, as TransformerLens' `HookedRootModule.hooks` does. `replay_prefix(...)` makes leading
+blocks return recorded outputs instead of running (isolation maps), `Head` maps head inputs to
+fp32 logits, and `head_inputs(...)` runs a model keeping only the head's input rows at chosen
+positions (no `[B, T, V]` logits).
 """
 
 from __future__ import annotations

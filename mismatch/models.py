@@ -115,7 +115,8 @@ def smollm2_gguf_path() -> Path:
     )
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -126,7 +127,7 @@ def _sha256(path: Path) -> str:
 def smollm2_checkpoint() -> Path:
     """Directory of the safetensors conversion of the SmolLM2 GGUF, converting it once if needed."""
     gguf = smollm2_gguf_path()
-    key = f"{_sha256(gguf)[:16]}-v{SMOLLM2_CONVERTER_VERSION}"
+    key = f"{sha256_file(gguf)[:16]}-v{SMOLLM2_CONVERTER_VERSION}"
     target = cache_dir() / "models" / f"smollm2-135m-{key}"
     if (target / "model.safetensors").is_file():
         return target
@@ -147,7 +148,7 @@ def smollm2_checkpoint() -> Path:
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "SOURCE").write_text(f"{SMOLLM2_DIST} {gguf.name} sha256={_sha256(gguf)}\n")
+        (staging / "SOURCE").write_text(f"{SMOLLM2_DIST} {gguf.name} sha256={sha256_file(gguf)}\n")
         try:
             staging.rename(target)  # atomic: a concurrent converter may have won the race
         except OSError:

@@ -243,3 +243,15 @@ def sample(lm: LM, prompts: list[str], *, max_new_tokens: int, temperature: floa
     batch = generate(lm, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
                      temperature=temperature, top_p=top_p, seed=seed)
     return Rollout(batch, sequence_logprobs(lm.model, batch, temperature=temperature, top_p=top_p))
+
+
+def reprompt(batch: Batch, tokenizer, prompts: list[str], *, chat: bool,
+             context: tuple[tuple[str, str], ...]) -> Batch:
+    """The same response tokens after other prompt encodings (the teacher's context), left-padded
+    prompts then right-padded responses like `generate`'s batches."""
+    prompt_ids, prompt_attn = _pad_left(encode(tokenizer, prompts, chat=chat, context=context), _pad_id(tokenizer))
+    width = batch.input_ids.shape[1] - int((batch.response_mask.sum(0) > 0).nonzero()[0])
+    resp_ids = batch.input_ids[:, -width:]
+    resp_mask = batch.response_mask[:, -width:]
+    return Batch(torch.cat([prompt_ids, resp_ids], 1), torch.cat([prompt_attn, resp_mask], 1),
+                 torch.cat([torch.zeros_like(prompt_attn), resp_mask], 1), tuple(prompts))

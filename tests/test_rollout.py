@@ -153,3 +153,17 @@ def test_sample_returns_the_rollout_models_own_logprobs(tiny, temperature, top_p
             assert got == pytest.approx(want, abs=2e-5)
     with pytest.raises(InputError, match="temperature > 0"):
         sample(lm, prompts, max_new_tokens=3, temperature=0)
+
+
+def test_reprompt_keeps_the_response_tokens_after_other_prompts(tiny):
+    from mismatch.rollout import reprompt
+
+    lm = tiny("tiny-llama")
+    batch = generate(lm, ["ab", "hello"], max_new_tokens=5, temperature=1.0, seed=4)
+    other = reprompt(batch, lm.tokenizer, ["a much longer prompt", "x"], chat=False, context=())
+    assert torch.equal(other.input_ids[other.response_mask.bool()], batch.input_ids[batch.response_mask.bool()])
+    for row, prompt in enumerate(["a much longer prompt", "x"]):
+        ids = other.input_ids[row][other.attention_mask[row].bool()].tolist()
+        n = len(lm.tokenizer(prompt)["input_ids"])
+        assert ids[:n] == lm.tokenizer(prompt)["input_ids"]
+        assert ids[n:] == batch.input_ids[row][batch.response_mask[row].bool()].tolist()

@@ -33,7 +33,7 @@ from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM
 from mismatch.opd.losses import LOSSES, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy, split_rollout_spec
-from mismatch.rollout import Batch, encode, position_ids, response_index, sample, _pad_left, _pad_id
+from mismatch.rollout import Batch, encode, position_ids, reprompt, response_index, sample
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 
@@ -87,18 +87,6 @@ class OPDConfig:
     @property
     def rollout_staleness(self) -> int:
         return split_rollout_spec(self.rollout, self.staleness)[1]
-
-
-def reprompt(batch: Batch, tokenizer, prompts: list[str], *, chat: bool,
-             context: tuple[tuple[str, str], ...]) -> Batch:
-    """The same response tokens after other prompt encodings (the teacher's context), left-padded
-    prompts then right-padded responses like `generate`'s batches."""
-    prompt_ids, prompt_attn = _pad_left(encode(tokenizer, prompts, chat=chat, context=context), _pad_id(tokenizer))
-    width = batch.input_ids.shape[1] - int((batch.response_mask.sum(0) > 0).nonzero()[0])
-    resp_ids = batch.input_ids[:, -width:]
-    resp_mask = batch.response_mask[:, -width:]
-    return Batch(torch.cat([prompt_ids, resp_ids], 1), torch.cat([prompt_attn, resp_mask], 1),
-                 torch.cat([torch.zeros_like(prompt_attn), resp_mask], 1), tuple(prompts))
 
 
 def _hidden(model, batch: Batch) -> torch.Tensor:

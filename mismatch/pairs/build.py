@@ -32,7 +32,7 @@ import transformers
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
 
 from mismatch.errors import InputError
-from mismatch.models import LM
+from mismatch.models import LM, sha256_file
 from mismatch.pairs.tasks import SyntheticTask
 from mismatch.tokenizer import byte_tokenizer
 
@@ -262,12 +262,3 @@ def build(recipe: BuildRecipe, task: SyntheticTask, out_dir: Path, progress: Pro
     report["files"] = files
     (out_dir / "manifest.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

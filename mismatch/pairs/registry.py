@@ -32,8 +32,8 @@ from importlib import resources
 from pathlib import Path
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.models import LM, cache_dir, load
-from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build, sha256_file
+from mismatch.models import LM, cache_dir, load, sha256_file
+from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.tokenizer import vocab_fingerprint
 

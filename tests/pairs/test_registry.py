@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 import mismatch
 from mismatch.cli import app
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.pairs.build import parameter_count, sha256_file
+from mismatch.models import sha256_file
+from mismatch.pairs.build import parameter_count
 from mismatch.pairs.evaluate import greedy_accuracy
 from mismatch.pairs.registry import PAIRS, SYNTHETIC_RECIPES, check_same_vocabulary, committed_dir
 from mismatch.tokenizer import vocab_fingerprint
