@@ -11,9 +11,9 @@ splits never overlap whatever the seed or sample size:
   * `sort`: `sort:83712=` → `12378` — the digits in ascending order (3–10 digits).
   * `reverse`: `rev:stack=` → `kcats` — the letters in reverse order (3–12 letters).
 
-Both are solved by attention alone (sorting by content, reversal by position), which is what
-lets a teacher of ~0.5M parameters reach ≥ 95% in a few CPU minutes. (Multi-digit addition in
-the reversed-digit format was tried first: 1,000 steps left a 4-layer model near 10%.)
+Both need only attention to look up input tokens, which is what lets a teacher of ~0.5M
+parameters reach ≥ 95% in a few CPU minutes. (Multi-digit addition in the reversed-digit format
+was tried first: 1,000 steps left 4-layer models at 3–8%, zero-padded operands at 11% after 800.)
 
 `concise` is the task of the pretrained pair (context distillation on SmolLM2): open questions
 from templates × topics; a response scores 1 when it is a short answer, at most
