@@ -231,7 +231,7 @@ def opd(
 
     from mismatch.opd import OPDConfig, train
     from mismatch.opd.recipe import config_columns
-    from mismatch.opd.verdict import verdict
+    from mismatch.opd.verdict import final_value, verdict
     from mismatch.results import provenance, write_results
 
     try:
@@ -264,8 +264,6 @@ def opd(
             results[label] = train(cfg, on_rows=write, progress=progress)
     table = Table("run", "rollout", "final held-out rKL (nats)", "final held-out accuracy", title=escape(
         f"OPD on {config.pair}, {config.loss}, {config.steps} steps"))
-    from mismatch.opd.verdict import final_value
-
     for label, cfg in runs:
         table.add_row(label, escape(f"{cfg.rollout}, K={cfg.staleness}"),
                       f"{final_value(results[label], 'heldout_rkl'):.4g}",

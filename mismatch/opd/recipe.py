@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mismatch.errors import InputError
+from mismatch.errors import InputError, NumericsError
 from mismatch.layout import Head, head_inputs, model_layout
 from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM
@@ -277,7 +277,7 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
             metrics.update(evaluate(step))
         if not math.isfinite(result.loss):
             emit(step, metrics)
-            raise InputError(f"OPD loss became {result.loss} at step {step}")
+            raise NumericsError(f"OPD loss became {result.loss} at step {step} (rows up to it are written)")
         emit(step, metrics)
         if progress is not None:
             progress(step, config.steps, metrics)

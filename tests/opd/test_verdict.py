@@ -1,0 +1,41 @@
+"""Tolerance verdict against hand-made final values."""
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from mismatch.cli import app
+from mismatch.opd.verdict import final_value, verdict
+
+
+def _rows(kls, accs):
+    rows = [{"step": s, "metric": "heldout_rkl", "value": v} for s, v in kls.items()]
+    return rows + [{"step": s, "metric": "heldout_accuracy", "value": v} for s, v in accs.items()]
+
+
+def test_final_value_takes_the_last_step():
+    rows = _rows({0: 5.0, 10: 3.0, 20: 2.0}, {})
+    assert final_value(rows, "heldout_rkl") == 2.0
+    assert math.isnan(final_value(rows, "heldout_accuracy"))
+
+
+def test_verdict_thresholds():
+    clean = _rows({0: 5.0, 20: 2.0}, {0: 0.3, 20: 0.60})
+    ok = verdict(clean, _rows({20: 2.19}, {20: 0.585}))  # KL +9.5%, accuracy −1.5 points: within
+    assert ok["kl_ratio"] == pytest.approx(1.095) and ok["acc_delta"] == pytest.approx(-0.015)
+    assert ok["tolerated"]
+    assert not verdict(clean, _rows({20: 2.21}, {20: 0.60}))["tolerated"]
+    assert not verdict(clean, _rows({20: 2.0}, {20: 0.57}))["tolerated"]
+    assert verdict(clean, _rows({20: 2.0}, {20: 0.57}), acc_tol=0.05)["tolerated"]
+    no_task = verdict(_rows({20: 2.0}, {}), _rows({20: 2.1}, {}))  # KL only
+    assert no_task["tolerated"] and math.isnan(no_task["acc_delta"])
+
+
+def test_cli_baseline_prints_both_runs_and_the_verdict():
+    res = CliRunner().invoke(app, ["opd", "--pair", "reverse-qwen3", "--rollout", "noise:0.05", "--steps", "2",
+                                   "--batch-size", "4", "--eval-prompts", "8", "--eval-every", "2", "--baseline"])
+    assert res.exit_code == 0, res.output
+    assert "clean" in res.output and "noise:0.05" in res.output
+    assert "KL ratio" in res.output
+    assert ("→ TOLERATED" in res.output) != ("→ NOT tolerated" in res.output)
