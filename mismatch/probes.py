@@ -29,6 +29,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import Head, Layout, capture, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
+from mismatch.rollout import position_ids, response_index
 from mismatch.tokenizer import vocab_fingerprint
 
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
@@ -95,7 +96,7 @@ def score_mask(
     if not bool(scored_BT.any()):
         raise InputError("no token to score: every sequence needs ≥ 2 attended tokens and the "
                          "response_mask must mark at least one of them")
-    position_ids_BT = (attn_BT.long().cumsum(-1) - 1).clamp(min=0)
+    position_ids_BT = position_ids(attn_BT)
     return attn_BT.long(), scored_BT, position_ids_BT
 
 
@@ -244,13 +245,7 @@ class Reference:
     def __post_init__(self) -> None:
         seq_N, t_N = self.scored.nonzero(as_tuple=True)
         self.seq, self.pos, self.token = seq_N, self.position_ids[seq_N, t_N], self.input_ids[seq_N, t_N]
-        self.pred_index = predicting_index(self.scored)
-
-
-def predicting_index(scored_BT: torch.Tensor) -> torch.Tensor:
-    """Flat `[N]` indices into `[B*T]` of the positions whose logits predict each scored token."""
-    seq_N, t_N = scored_BT.nonzero(as_tuple=True)
-    return seq_N * scored_BT.shape[1] + t_N - 1
+        self.pred_index = response_index(self.scored)
 
 
 @torch.no_grad()
@@ -295,7 +290,7 @@ def reference(
     layout = model_layout(model)
     head = Head.of(model, layout.head, copy=True)
     _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
-    pred_index_N = predicting_index(scored_BT)
+    pred_index_N = response_index(scored_BT)
     layers: list[torch.Tensor] | None = [] if per_layer else None
     blocks: list | None = [] if keep_block_outputs else None
     states = _block_states(layout) if keep_block_outputs else None

@@ -169,6 +169,11 @@ def committed_dir(name: str) -> Path:
     return Path(str(resources.files("mismatch") / "data" / "pairs" / name))
 
 
+def cache_build_dir(name: str) -> Path:
+    """Where a synthetic pair built here is cached, keyed by its recipe's hash."""
+    return cache_dir() / "pairs" / f"{name}-{SYNTHETIC_RECIPES[name].digest()}"
+
+
 def _valid_build(directory: Path, recipe: BuildRecipe) -> dict | None:
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
@@ -186,7 +191,7 @@ def synthetic_dir(name: str, progress: Progress | None = None) -> tuple[Path, di
     """Directory and manifest of a synthetic pair's weights: the committed ones when their recipe
     hash and file hashes match, else the cache, building there first if needed."""
     recipe = SYNTHETIC_RECIPES[name]
-    for directory in (committed_dir(name), cache_dir() / "pairs" / f"{name}-{recipe.digest()}"):
+    for directory in (committed_dir(name), cache_build_dir(name)):
         manifest = _valid_build(directory, recipe)
         if manifest is not None:
             return directory, manifest
@@ -199,7 +204,7 @@ def build_pair(name: str, out_dir: Path | None = None, progress: Progress | None
     if name not in SYNTHETIC_RECIPES:
         raise InputError(f"only synthetic pairs are built: {', '.join(SYNTHETIC_RECIPES)}; got {name!r}")
     recipe = SYNTHETIC_RECIPES[name]
-    target = Path(out_dir) if out_dir is not None else cache_dir() / "pairs" / f"{name}-{recipe.digest()}"
+    target = Path(out_dir) if out_dir is not None else cache_build_dir(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
     try:
@@ -215,7 +220,7 @@ def pair_sizes(spec: PairSpec) -> tuple[str, str]:
     """(teacher, student) parameter counts as text: measured for synthetic pairs with a build
     (committed or cached), nominal otherwise."""
     if spec.recipe is not None:
-        for directory in (committed_dir(spec.name), cache_dir() / "pairs" / f"{spec.name}-{spec.recipe.digest()}"):
+        for directory in (committed_dir(spec.name), cache_build_dir(spec.name)):
             path = directory / "manifest.json"
             if path.is_file():
                 manifest = json.loads(path.read_text())
