@@ -199,15 +199,15 @@ def probe(
 @_one_line_errors
 def opd(
     pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
-    rollout: Annotated[str, typer.Option(
+    rollout: Annotated[list[str] | None, typer.Option(
         help="Rollout copy: a perturbation spec (fp8-e4m3:channel, int4:group128, noise:0.01, bnb-nf4, …), "
-             "stale:K, or none (the student itself).")] = "none",
+             "stale:K, or none (the student itself). Repeat for several runs (same seed and prompts).")] = None,
     staleness: Annotated[int, typer.Option(help="Rollouts from weights K optimizer steps old (with --rollout "
                                                  "too: a stale, perturbed copy).")] = 0,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
-    loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "pg-rkl",
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 40,
-    batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 32,
+    loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "full-rkl",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
+    batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
     tis_cap: Annotated[float | None, typer.Option(
         help="Truncated importance sampling: weight tokens by min(π_student/π_rollout, CAP); off by default.")] = None,
@@ -222,6 +222,7 @@ def opd(
     acc_tol: Annotated[float, typer.Option(help="Verdict: final accuracy at least clean − ACC_TOL.")] = 0.02,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Folder for metrics.parquet (tidy rows, written after every step).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out's metrics.parquet instead of appending.")] = False,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
     import dataclasses
@@ -232,17 +233,23 @@ def opd(
     from mismatch.opd import OPDConfig, train
     from mismatch.opd.recipe import config_columns
     from mismatch.opd.verdict import final_value, verdict
+    from mismatch.report_opd import rollout_label
     from mismatch.results import provenance, write_results
 
     try:
-        config = OPDConfig(pair=pair, rollout=rollout, staleness=staleness, layers=layers, loss=loss, steps=steps,
+        configs = [OPDConfig(pair=pair, rollout=spec, staleness=staleness, layers=layers, loss=loss, steps=steps,
                            batch_size=batch_size, lr=lr, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
                            eval_every=eval_every, eval_prompts=eval_prompts, seed=seed)
+                   for spec in (rollout or ["none"])]
     except ValueError as exc:
         raise MismatchError(str(exc)) from None
-    runs = [("clean", dataclasses.replace(config, rollout="none", staleness=0))] if baseline else []
-    runs.append(("run", config))
+    config = configs[0]
+    clean = dataclasses.replace(config, rollout="none", staleness=0)
+    runs = [("clean", clean)] if baseline else []
+    runs += [(rollout_label(c.rollout, c.staleness), c) for c in configs if not (baseline and c == clean)]
     metrics_path = out_dir / "metrics.parquet" if out_dir is not None else None
+    if metrics_path is not None and overwrite:
+        metrics_path.unlink(missing_ok=True)
     stamp = provenance()
     _quiet_transformers()
     results: dict[str, list[dict]] = {}
@@ -262,17 +269,21 @@ def opd(
                 bar.update(task, completed=step, info=f"loss {m['loss']:.3g}")
 
             results[label] = train(cfg, on_rows=write, progress=progress)
-    table = Table("run", "rollout", "final held-out rKL (nats)", "final held-out accuracy", title=escape(
-        f"OPD on {config.pair}, {config.loss}, {config.steps} steps"))
-    for label, cfg in runs:
-        table.add_row(label, escape(f"{cfg.rollout}, K={cfg.staleness}"),
-                      f"{final_value(results[label], 'heldout_rkl'):.4g}",
-                      f"{final_value(results[label], 'heldout_accuracy'):.1%}")
-    out.print(table)
+    columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
     if baseline:
-        v = verdict(results["clean"], results["run"], kl_tol=kl_tol, acc_tol=acc_tol)
-        out.print(f"KL ratio {v['kl_ratio']:.3f} (≤ {1 + kl_tol:.2f}), accuracy Δ {100 * v['acc_delta']:+.1f} points "
-                  f"(≥ {-100 * acc_tol:.0f}) → {'TOLERATED' if v['tolerated'] else 'NOT tolerated'}", highlight=False)
+        columns += [f"KL ratio (≤ {1 + kl_tol:.2f})", f"accuracy Δ (≥ {-100 * acc_tol:.0f} pts)", "verdict"]
+    table = Table(*columns, title=escape(f"OPD on {config.pair}, {config.loss}, {config.steps} steps, seed {seed}"))
+    for label, _ in runs:
+        cells = [escape(label), f"{final_value(results[label], 'heldout_rkl'):.4g}",
+                 f"{final_value(results[label], 'heldout_accuracy'):.1%}"]
+        if baseline and label != "clean":
+            v = verdict(results["clean"], results[label], kl_tol=kl_tol, acc_tol=acc_tol)
+            cells += [f"{v['kl_ratio']:.3f}", f"{100 * v['acc_delta']:+.1f}",
+                      "TOLERATED" if v["tolerated"] else "NOT tolerated"]
+        elif baseline:
+            cells += ["1", "0", "baseline"]
+        table.add_row(*cells)
+    out.print(table)
     if metrics_path is not None:
         err.print(f"wrote {metrics_path}", highlight=False)
 
@@ -368,8 +379,8 @@ def pairs_build(
             import json
 
             same = json.loads(committed.read_text()).get("files") == manifest["files"]
-        out.print(f"{pair_name}: teacher {manifest['teacher_accuracy']:.1%} / student "
-                  f"{manifest['student_accuracy']:.1%} held-out exact match "
+        out.print(f"{pair_name}: held-out exact match teacher {manifest['teacher_accuracy']:.1%} (greedy) / "
+                  f"student {manifest['student_accuracy']:.1%} (temperature-1 samples) "
                   f"({manifest['teacher_params']:,} / {manifest['student_params']:,} parameters), "
                   f"built in {manifest['build_seconds']:.0f} s -> {directory}"
                   + ("" if same is None else f"; identical to the committed weights: {'yes' if same else 'no'}"),
@@ -379,17 +390,29 @@ def pairs_build(
 @app.command()
 @_one_line_errors
 def report(
-    results: Annotated[list[Path], typer.Argument(help="Result files (.parquet/.csv) written by `probe --out`.")],
-    out_dir: Annotated[Path, typer.Option(help="Folder for summary.md and the plots.")] = Path("reports"),
+    results: Annotated[list[Path], typer.Argument(
+        help="Result files (.parquet/.csv) written by `probe --out` or `opd --out` (DIR/metrics.parquet).")],
+    out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
+    kl_tol: Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")] = 0.10,
+    acc_tol: Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")] = 0.02,
 ) -> None:
-    """Write a Markdown summary and per-layer / KL plots from result files."""
+    """Write Markdown tables and plots from result files: probe results (summary.md, per-layer and
+    KL plots) and OPD runs (opd_curves.png, opd_verdicts.md)."""
     import pandas as pd
 
     from mismatch.report import write_report
+    from mismatch.report_opd import is_opd, write_opd_report
     from mismatch.results import read_results
 
-    rows = pd.concat([read_results(p) for p in results], ignore_index=True)
-    for path in write_report(rows, out_dir):
+    frames = [read_results(p) for p in results]
+    written = []
+    probe_rows = [f for f in frames if not is_opd(f)]
+    opd_rows = [f for f in frames if is_opd(f)]
+    if probe_rows:
+        written += write_report(pd.concat(probe_rows, ignore_index=True), out_dir)
+    if opd_rows:
+        written += write_opd_report(pd.concat(opd_rows, ignore_index=True), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+    for path in written:
         err.print(f"wrote {path}", highlight=False)
 
 

@@ -11,8 +11,8 @@ Each step (top to bottom in `train`):
   4. the rollout copy is refreshed from the new weights (re-quantized, re-noised, or the ring of
      past weights advanced).
 Every `eval_every` steps (and at steps 0 and last) the student is evaluated on fixed held-out
-prompts: the teacher–student reverse KL on the student's own samples, and the task's greedy
-accuracy when the pair has a task. Models stay in eval mode (dropout off) so the only difference
+prompts: the teacher–student reverse KL on the student's own temperature-1 samples and, when the
+pair has a task, the exact match of those samples (`heldout_accuracy`) and of greedy responses. Models stay in eval mode (dropout off) so the only difference
 between rollout and training policies is the configured mismatch.
 """
 
@@ -46,11 +46,13 @@ class OPDConfig:
     rollout: str = "none"  # perturbation spec of the rollout copy, `stale:K`, or none
     staleness: int = 0  # K: rollouts from weights K optimizer steps old
     layers: str = "linear"  # scope of the rollout perturbation
-    loss: str = "pg-rkl"
-    steps: int = 40
-    batch_size: int = 32  # prompts per step
+    loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (README)
+    steps: int = 120
+    batch_size: int = 128  # prompts per step
     lr: float = 1e-3
     warmup_steps: int = 10  # linear learning-rate warm-up: a fresh AdamW's first steps move every weight by ~lr
+    decay: str = "cosine"  # after warm-up: cosine to final_lr_frac·lr at the last step, or constant
+    final_lr_frac: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     temperature: float = 1.0
@@ -72,6 +74,10 @@ class OPDConfig:
         for name in ("steps", "batch_size", "train_prompts", "eval_prompts", "eval_every", "chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.decay not in ("cosine", "constant"):
+            raise ValueError(f"decay must be cosine or constant, got {self.decay!r}")
+        if not 0 <= self.final_lr_frac <= 1:
+            raise ValueError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
         if self.tis_cap is not None and self.tis_cap <= 0:
@@ -89,6 +95,19 @@ class OPDConfig:
         return split_rollout_spec(self.rollout, self.staleness)[1]
 
 
+def lr_factor(config: OPDConfig, step: int) -> float:
+    """Multiplier of `config.lr` at optimizer step `step` (1-based): linear warm-up over
+    `warmup_steps`, then constant or cosine decay reaching `final_lr_frac` at `config.steps` (the
+    decay settles the policy, so the final evaluation measures where the run ended rather than
+    where the last few steps threw it)."""
+    warm = min(1.0, step / (config.warmup_steps + 1))
+    if config.decay == "constant":
+        return warm
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, max(0.0, (step - config.warmup_steps) / span))
+    return warm * (config.final_lr_frac + (1 - config.final_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def _hidden(model, batch: Batch) -> torch.Tensor:
     return head_inputs(model, batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask),
                        response_index(batch.response_mask))
@@ -98,6 +117,7 @@ def _hidden(model, batch: Batch) -> torch.Tensor:
 class StepResult:
     loss: float
     logp_student: torch.Tensor  # [N] log π_S(y) of the sampled tokens, no grad
+    logp_seconds: float  # time spent computing logp_student (only the mismatch metrics and TIS need it)
 
 
 def teacher_hidden(teacher, teacher_batch: Batch) -> torch.Tensor:
@@ -129,15 +149,17 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
     head_S = Head.of(student, model_layout(student).head, copy=False)
     hidden_S = _hidden(student, student_batch)  # [N, D], carries the trunk's graph
     leaf = hidden_S.detach().requires_grad_()
-    total, logp_S_N = 0.0, torch.empty(n)
+    total, logp_S_N, logp_seconds = 0.0, torch.empty(n), 0.0
     for start in range(0, n, chunk_tokens):
         rows = slice(start, start + chunk_tokens)
         z_S = head_S.logits(leaf[rows])
         logp_S = torch.log_softmax(z_S, dim=-1)
         with torch.no_grad():
             logp_T = torch.log_softmax(head_T.logits(hidden_T[rows]), dim=-1)
+            t0 = time.perf_counter()
             sampled = torch.log_softmax(warp(z_S.detach(), temperature, top_p), dim=-1)
             logp_S_N[rows] = sampled.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
+            logp_seconds += time.perf_counter() - t0
         terms = token_loss(loss, logp_S, logp_T, token_N[rows])
         if tis_cap is not None:
             terms = terms * tis_weights(logp_S_N[rows], logp_rollout_N[rows], tis_cap)
@@ -145,7 +167,7 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
         chunk_loss.backward()
         total += float(chunk_loss.detach())
     hidden_S.backward(leaf.grad)
-    return StepResult(total, logp_S_N)
+    return StepResult(total, logp_S_N, logp_seconds)
 
 
 @torch.no_grad()
@@ -155,15 +177,13 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     fixed `seed`) to `prompts`, and the task's mean reward of those samples (NaN without a task;
     a sample not ended by EOS scores 0)."""
     from mismatch.opd.losses import full_rkl
-    from mismatch.rollout import responses
+    from mismatch.pairs.evaluate import batch_rewards
 
     rollout = sample(student, prompts, max_new_tokens=max_new_tokens, seed=seed, chat=chat, context=student_context)
     batch = rollout.batch
     reward = math.nan
     if task is not None:
-        decoded = responses(batch, student.tokenizer)
-        scores = task.score(prompts, [text for text, _ in decoded])
-        reward = sum(s for s, (_, ended) in zip(scores, decoded) if ended) / len(prompts)
+        reward = sum(batch_rewards(batch, student.tokenizer, task, prompts)) / len(prompts)
     t_batch = batch if teacher_context == student_context else reprompt(
         batch, teacher.tokenizer, prompts, chat=chat, context=teacher_context)
     h_S, h_T = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
@@ -191,11 +211,13 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
 
     Returns:
         Rows `{"step", "metric", "value"}` (plus nothing else: the caller adds the config
-        columns). Metrics per step: loss, grad_norm, tokens, tokens_per_s, wall_s, rollout_s,
-        teacher_s, update_s, the mismatch metrics on the step's own rollout tokens (mismatch_kl,
+        columns). Metrics per step: loss, grad_norm, lr (the learning rate of this step's update), tokens, tokens_per_s, wall_s, rollout_s,
+        teacher_s, update_s (includes metrics_s: the time spent on the student's sampled-token
+        log-probs and the mismatch metrics), refresh_s, the mismatch metrics on the step's own rollout tokens (mismatch_kl,
         mismatch_k3, mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac,
         mismatch_chi2_token), served_version; at evaluation steps heldout_rkl, and with a task
-        heldout_accuracy (greedy) and heldout_sampled_accuracy (the temperature-1 samples).
+        heldout_accuracy (exact match of the student's temperature-1 samples: the policy OPD
+        trains, and the accuracy the verdict compares) and heldout_greedy_accuracy.
     """
     from mismatch.pairs import load_pair
     from mismatch.pairs.evaluate import greedy_accuracy
@@ -220,7 +242,7 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
                        calibration_ids=calib, share=config.rollout in ("none", ""))
     rollout_lm = LM(rollout_copy.model, student.tokenizer, f"rollout[{config.rollout}]")
     opt = torch.optim.AdamW(student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (config.warmup_steps + 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
     rng = random.Random(config.seed)
     rows: list[dict] = []
 
@@ -236,8 +258,8 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
                                    seed=config.seed + 7919, chunk_tokens=config.chunk_tokens, task=pair.task)
         out = {"heldout_rkl": rkl}
         if pair.task is not None:
-            out["heldout_sampled_accuracy"] = sampled
-            out["heldout_accuracy"] = greedy_accuracy(student, pair.task, eval_set, max_new_tokens=max_new,
+            out["heldout_accuracy"] = sampled
+            out["heldout_greedy_accuracy"] = greedy_accuracy(student, pair.task, eval_set, max_new_tokens=max_new,
                                                       chat=pair.chat, context=pair.student_context)
         return out
 
@@ -260,18 +282,21 @@ def train(config: OPDConfig, *, pair=None, on_rows: Callable[[list[dict]], None]
                                tis_cap=config.tis_cap, chunk_tokens=config.chunk_tokens,
                                temperature=config.temperature, top_p=config.top_p)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(student.model.parameters(), config.grad_clip))
+        lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
         t2 = time.perf_counter()
         mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[batch.response_mask.bool()],
                                          config.clip)
+        t_metrics = time.perf_counter()
         served = rollout_copy.served_version
         rollout_copy.refresh()
         t3 = time.perf_counter()
         n_tokens = batch.response_tokens
-        metrics = {"loss": result.loss, "grad_norm": grad_norm, "tokens": n_tokens,
-                   "rollout_s": t1 - t0, "teacher_s": t_teacher - t1, "update_s": t2 - t_teacher, "refresh_s": t3 - t2, "wall_s": t3 - t0,
-                   "tokens_per_s": n_tokens / (t3 - t0), "served_version": served,
+        metrics = {"loss": result.loss, "grad_norm": grad_norm, "lr": lr, "tokens": n_tokens,
+                   "rollout_s": t1 - t0, "teacher_s": t_teacher - t1, "update_s": t2 - t_teacher,
+                   "metrics_s": t_metrics - t2 + result.logp_seconds, "refresh_s": t3 - t_metrics,
+                   "wall_s": t3 - t0, "tokens_per_s": n_tokens / (t3 - t0), "served_version": served,
                    **{f"mismatch_{k}": v for k, v in mismatch.items()}}
         if step % config.eval_every == 0 or step == config.steps:
             metrics.update(evaluate(step))

@@ -16,8 +16,8 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.1
     """Compare a run's final held-out metrics with the clean run's (same seed, same prompts).
 
     Tolerated when the final held-out reverse KL is at most `(1 + kl_tol)` × clean and (pairs
-    with a task) the final held-out accuracy at least clean − `acc_tol` (absolute, 0.02 = 2
-    points).
+    with a task) the final held-out accuracy (`heldout_accuracy`: exact match of the student's
+    temperature-1 samples) at least clean − `acc_tol` (absolute, 0.02 = 2 points).
 
     Returns:
         clean / run held-out KL (nats) and accuracy, `kl_ratio` = run / clean, `acc_delta` =

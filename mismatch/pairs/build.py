@@ -6,8 +6,12 @@ Recipe (`BuildRecipe`, one frozen config per pair):
      held-out problems greedily (≥ 95% exact match is checked at the end);
   2. the student, ≥ 4× fewer parameters, same tokenizer, gets a short supervised warm-up on the
      same data that stops at the first evaluation reaching `student_target` held-out exact match
-     (evaluated every `student_eval_every` steps), so it starts between 20% and 60% and on-policy
-     distillation has room to improve it.
+     of its *sampled* responses (temperature 1, a fixed seed; evaluated every `student_eval_every`
+     steps), so it starts between 20% and 60% and on-policy distillation has room to improve it.
+     Sampled, not greedy: OPD trains on the student's temperature-1 samples, so that is the
+     policy whose accuracy matters. (Stopping on greedy accuracy left students whose greedy
+     answers were 30% right but whose samples were right 0.5–2% of the time: OPD then trained
+     almost only on broken prefixes and lowered the KL without raising accuracy.)
 
 Everything is seeded (`torch.Generator`s and `random.Random` from `recipe.seed`, dropout off)
 and runs on a fixed number of threads, so building twice gives bit-identical weights on one
@@ -36,7 +40,8 @@ from mismatch.models import LM, sha256_file
 from mismatch.pairs.tasks import SyntheticTask
 from mismatch.tokenizer import byte_tokenizer
 
-BUILDER_VERSION = "1"  # bump when the training code changes what it produces
+BUILDER_VERSION = "2"  # bump when the training code changes what it produces
+SAMPLE_SEED = 7919  # offset of the sampling seed of the student's accuracy
 BUILD_THREADS = 2  # fixed: BLAS reductions (hence the weights' last bits) depend on the thread count
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -90,7 +95,7 @@ class BuildRecipe:
     student_lr: float = 1e-3
     student_max_steps: int = 1500
     student_eval_every: int = 25
-    student_target: float = 0.3
+    student_target: float = 0.3  # sampled (temperature-1) held-out exact match that ends the warm-up
     eval_problems: int = 256  # held-out problems for the accuracies of the build report
     warmup_eval_problems: int = 128  # held-out problems checked during the student warm-up
 
@@ -184,10 +189,12 @@ def train_pair(recipe: BuildRecipe, task: SyntheticTask,
 
     Returns:
         `(teacher, student, report)`, both models in eval mode; the report holds parameter
-        counts, held-out exact match of both (on `recipe.eval_problems` problems), the warm-up
-        curve `[(step, accuracy)]`, seconds and versions.
+        counts, held-out exact match (on `recipe.eval_problems` problems) of the teacher's greedy
+        responses (`teacher_accuracy`) and of the student's temperature-1 samples
+        (`student_accuracy`), the other of each for reference, the warm-up curve
+        `[(step, sampled accuracy)]`, seconds and versions.
     """
-    from mismatch.pairs.evaluate import greedy_accuracy
+    from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 
     if task.name != recipe.task:
         raise InputError(f"recipe is for task {recipe.task!r}, got {task.name!r}")
@@ -215,20 +222,23 @@ def train_pair(recipe: BuildRecipe, task: SyntheticTask,
                 progress("student warm-up", step, recipe.student_max_steps)
             if step % recipe.student_eval_every:
                 return False
-            acc = greedy_accuracy(LM(student, tok, "student"), task, warm_eval)
+            acc = sampled_accuracy(LM(student, tok, "student"), task, warm_eval, seed=recipe.seed + SAMPLE_SEED)
             student.train()
             warm_curve.append((step, acc))
             return acc >= recipe.student_target
 
         steps = supervised_steps(student, examples, steps=recipe.student_max_steps, lr=recipe.student_lr,
                                  batch_size=recipe.batch_size, seed=recipe.seed + 1, on_step=student_step)
-        student_acc = greedy_accuracy(LM(student, tok, "student"), task, held_out)
+        student_acc = sampled_accuracy(LM(student, tok, "student"), task, held_out, seed=recipe.seed + SAMPLE_SEED)
+        student_greedy = greedy_accuracy(LM(student, tok, "student"), task, held_out)
+        teacher_sampled = sampled_accuracy(LM(teacher, tok, "teacher"), task, held_out, seed=recipe.seed + SAMPLE_SEED)
     finally:
         torch.set_num_threads(threads)
     report = {
         "recipe": dataclasses.asdict(recipe), "recipe_hash": recipe.digest(),
         "teacher_params": parameter_count(teacher), "student_params": parameter_count(student),
         "teacher_accuracy": teacher_acc, "student_accuracy": student_acc,
+        "teacher_sampled_accuracy": teacher_sampled, "student_greedy_accuracy": student_greedy,
         "student_warmup_steps": steps, "student_warmup_curve": warm_curve,
         "held_out_problems": len(held_out), "build_seconds": round(time.perf_counter() - start, 1),
         "torch": torch.__version__, "transformers": transformers.__version__,
@@ -244,13 +254,13 @@ def build(recipe: BuildRecipe, task: SyntheticTask, out_dir: Path, progress: Pro
     the SHA-256 of each weight file).
 
     Raises:
-        InputError: the teacher ends below 95% or the student outside 20–60% held-out exact match
-            (the recipe needs retuning); nothing is written then.
+        InputError: the teacher ends below 95% greedy or the student outside 20–60% sampled
+            held-out exact match (the recipe needs retuning); nothing is written then.
     """
     teacher, student, report = train_pair(recipe, task, progress)
     if report["teacher_accuracy"] < 0.95 or not 0.2 <= report["student_accuracy"] <= 0.6:
         raise InputError(f"recipe for {recipe.task} missed its bounds: teacher {report['teacher_accuracy']:.1%} "
-                         f"(need ≥ 95%), student {report['student_accuracy']:.1%} after "
+                         f"(need ≥ 95%), student {report['student_accuracy']:.1%} sampled after "
                          f"{report['student_warmup_steps']} warm-up steps (need 20–60%)")
     tok = byte_tokenizer()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,30 @@
-"""Held-out accuracy of a model on a task: greedy responses scored by the task."""
+"""Held-out accuracy of a model on a task: greedy or sampled responses scored by the task."""
 
 from __future__ import annotations
 
 from mismatch.models import LM
-from mismatch.rollout import generate, responses
+from mismatch.rollout import Batch, generate, responses
+
+
+def batch_rewards(batch: Batch, tokenizer, task, prompts: list[str]) -> list[float]:
+    """The task's reward of each response in `batch` (one per prompt); a response that did not end
+    with EOS (it hit the token cap) scores 0, whatever its text."""
+    decoded = responses(batch, tokenizer)
+    scores = task.score(prompts, [text for text, _ in decoded])
+    return [s if ended else 0.0 for s, (_, ended) in zip(scores, decoded)]
+
+
+def _accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | None, chat: bool,
+              context: tuple[tuple[str, str], ...], batch_size: int, temperature: float,
+              seed: int) -> float:
+    limit = max_new_tokens or task.max_new_tokens
+    rewards: list[float] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start: start + batch_size]
+        batch = generate(lm, chunk, max_new_tokens=limit, chat=chat, context=context, temperature=temperature,
+                         seed=seed + start)
+        rewards += batch_rewards(batch, lm.tokenizer, task, chunk)
+    return sum(rewards) / len(rewards)
 
 
 def greedy_accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | None = None,
@@ -15,12 +36,17 @@ def greedy_accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | N
     `max_new_tokens`) scores 0, whatever its text. `chat` / `context`: how prompts are
     encoded (`mismatch.rollout.encode`), e.g. a pair's `chat` and its role's context turns.
     """
-    limit = max_new_tokens or task.max_new_tokens
-    rewards: list[float] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start: start + batch_size]
-        batch = generate(lm, chunk, max_new_tokens=limit, chat=chat, context=context)
-        decoded = responses(batch, lm.tokenizer)
-        scores = task.score(chunk, [text for text, _ in decoded])
-        rewards += [s if ended else 0.0 for s, (_, ended) in zip(scores, decoded)]
-    return sum(rewards) / len(rewards)
+    return _accuracy(lm, task, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
+                     batch_size=batch_size, temperature=0.0, seed=0)
+
+
+def sampled_accuracy(lm: LM, task, prompts: list[str], *, seed: int, temperature: float = 1.0,
+                     max_new_tokens: int | None = None, chat: bool = False,
+                     context: tuple[tuple[str, str], ...] = (), batch_size: int = 128) -> float:
+    """Mean task reward of one sampled response per prompt (temperature 1 by default: the policy
+    itself, the one on-policy distillation trains), in [0, 1]; deterministic in `seed`.
+
+    Same scoring and encoding as `greedy_accuracy`.
+    """
+    return _accuracy(lm, task, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
+                     batch_size=batch_size, temperature=temperature, seed=seed)

@@ -11,8 +11,8 @@ Offline pairs (run here, no network):
     teacher is a fixed policy over the same vocabulary, the student samples its own responses,
     and the gap is a behaviour the student can learn (the same weights produce it in context).
   * `sort-gpt2`, `reverse-qwen3` — small GPT-2 / Qwen3 models trained here from scratch
-    (`mismatch.pairs.build`), teacher ≥ 95% held-out exact match, student ≥ 4× smaller with a
-    short warm-up to 20–60%. Their weights are committed under `mismatch/data/pairs/` (built by
+    (`mismatch.pairs.build`), teacher ≥ 95% held-out exact match (greedy), student ≥ 4× smaller
+    with a short warm-up to 20–60% (of its temperature-1 samples, the policy OPD trains). Their weights are committed under `mismatch/data/pairs/` (built by
     `mismatch pairs build`, keyed by the recipe's hash); a changed recipe is rebuilt into the
     cache (`$MISMATCH_CACHE/pairs/`) on first load.
 

@@ -32,10 +32,24 @@ def test_verdict_thresholds():
     assert no_task["tolerated"] and math.isnan(no_task["acc_delta"])
 
 
-def test_cli_baseline_prints_both_runs_and_the_verdict():
-    res = CliRunner().invoke(app, ["opd", "--pair", "reverse-qwen3", "--rollout", "noise:0.05", "--steps", "2",
-                                   "--batch-size", "4", "--eval-prompts", "8", "--eval-every", "2", "--baseline"])
+def test_cli_baseline_prints_every_run_and_its_verdict(tmp_path):
+    """Two rollouts against one clean baseline: three runs in one metrics file, and the printed
+    verdicts agree with the verdicts recomputed from those rows (`report_opd.opd_verdicts`)."""
+    import pandas as pd
+
+    from mismatch.report_opd import opd_verdicts
+
+    res = CliRunner().invoke(app, ["opd", "--pair", "reverse-qwen3", "--rollout", "noise:0.05", "--rollout",
+                                   "stale:1", "--steps", "2", "--batch-size", "4", "--eval-prompts", "8",
+                                   "--eval-every", "2", "--baseline", "--out", str(tmp_path)], terminal_width=200)
     assert res.exit_code == 0, res.output
-    assert "clean" in res.output and "noise:0.05" in res.output
-    assert "KL ratio" in res.output
-    assert ("→ TOLERATED" in res.output) != ("→ NOT tolerated" in res.output)
+    rows = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert sorted(rows["rollout"].unique()) == ["noise:0.05", "none", "stale:1"]
+    table = opd_verdicts(rows).set_index("rollout")
+    assert list(table.index) == ["noise:0.05", "stale:1"]
+    lines = {line.split()[1]: line for line in res.output.splitlines() if line.startswith("│")}
+    assert "baseline" in lines["clean"]
+    for label in table.index:
+        expected = "TOLERATED" if table.loc[label, "tolerated"] else "NOT tolerated"
+        assert expected in lines[label] and ("NOT" in lines[label]) == (expected != "TOLERATED")
+        assert f"{table.loc[label, 'kl_ratio']:.3f}" in lines[label]

@@ -10,7 +10,7 @@ from mismatch.cli import app
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
 from mismatch.models import sha256_file
 from mismatch.pairs.build import parameter_count
-from mismatch.pairs.evaluate import greedy_accuracy
+from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.registry import PAIRS, SYNTHETIC_RECIPES, check_same_vocabulary, committed_dir
 from mismatch.tokenizer import vocab_fingerprint
 
@@ -54,7 +54,7 @@ def test_teacher_and_student_accuracy_within_bounds(synthetic, name):
     pair = synthetic[name]
     held_out = pair.prompts("held_out", 300, seed=7)  # a fixed sample, not the build's own
     teacher = greedy_accuracy(pair.teacher, pair.task, held_out)
-    student = greedy_accuracy(pair.student, pair.task, held_out)
+    student = sampled_accuracy(pair.student, pair.task, held_out, seed=11)  # the policy OPD samples
     assert teacher >= 0.95
     assert 0.2 <= student <= 0.6
 
@@ -79,6 +79,26 @@ def test_accuracy_counts_exact_matches(synthetic):
         ended = response[-1] == tok.eos_token_id
         hits += ended and tok.decode(response[:-1]) == pair.task.answer(p)
     assert greedy_accuracy(pair.student, pair.task, prompts) == pytest.approx(hits / len(prompts))
+
+
+def test_sampled_accuracy_scores_the_seeded_samples(synthetic):
+    """sampled_accuracy: the exact-match share of the responses `generate` samples with that seed
+    (scored here by string comparison), the same for the same seed, and greedy as temperature → 0."""
+    from mismatch.rollout import generate
+
+    pair = synthetic["reverse-qwen3"]
+    prompts = pair.prompts("held_out", 40, seed=5)
+    batch = generate(pair.student, prompts, max_new_tokens=pair.task.max_new_tokens, temperature=1.0, seed=3)
+    tok = pair.student.tokenizer
+    hits = 0
+    for row, p in enumerate(prompts):
+        response = batch.input_ids[row][batch.response_mask[row].bool()].tolist()
+        hits += response[-1] == tok.eos_token_id and tok.decode(response[:-1]) == pair.task.answer(p)
+    sampled = sampled_accuracy(pair.student, pair.task, prompts, seed=3)
+    assert sampled == pytest.approx(hits / len(prompts))
+    assert sampled == sampled_accuracy(pair.student, pair.task, prompts, seed=3)
+    assert sampled_accuracy(pair.student, pair.task, prompts, seed=3, temperature=1e-4) == pytest.approx(
+        greedy_accuracy(pair.student, pair.task, prompts))
 
 
 @pytest.mark.parametrize("name", PRESETS)
