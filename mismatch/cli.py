@@ -246,7 +246,9 @@ def opd(
     config = configs[0]
     clean = dataclasses.replace(config, rollout="none", staleness=0)
     runs = [("clean", clean)] if baseline else []
-    runs += [(rollout_label(c.rollout, c.staleness), c) for c in configs if not (baseline and c == clean)]
+    for c in configs:  # each configuration once, the clean one first when it is the baseline
+        if (rollout_label(c.rollout, c.staleness), c) not in runs and not (baseline and c == clean):
+            runs.append((rollout_label(c.rollout, c.staleness), c))
     metrics_path = out_dir / "metrics.parquet" if out_dir is not None else None
     if metrics_path is not None and overwrite:
         metrics_path.unlink(missing_ok=True)

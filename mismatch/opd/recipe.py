@@ -12,8 +12,10 @@ Each step (top to bottom in `train`):
      past weights advanced).
 Every `eval_every` steps (and at steps 0 and last) the student is evaluated on fixed held-out
 prompts: the teacher–student reverse KL on the student's own temperature-1 samples and, when the
-pair has a task, the exact match of those samples (`heldout_accuracy`) and of greedy responses. Models stay in eval mode (dropout off) so the only difference
-between rollout and training policies is the configured mismatch.
+pair has a task, the exact match of those samples (`heldout_accuracy`) and of greedy responses.
+Models stay in eval mode (dropout off) so the only difference between rollout and training
+policies is the configured mismatch. The learning rate warms up linearly, then decays (cosine by
+default, `lr_factor`).
 """
 
 from __future__ import annotations
