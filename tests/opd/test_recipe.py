@@ -66,6 +66,12 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert res.exit_code == 2 and res.output.startswith("error: staleness must be ≥ 0")
     res = runner.invoke(app, ["opd", "--pair", "sort-gpt2", "--loss", "kl"])
     assert res.exit_code == 2 and "unknown loss" in res.output and res.output.count("\n") == 1
+    # a rollout copy that cannot be built on this model: the scope selects no layer of it
+    res = runner.invoke(app, ["opd", "--pair", "sort-gpt2", "--rollout", "int4:group128", "--layers", "blocks.99",
+                              "--steps", "1", "--out", str(tmp_path / "bad")])
+    assert res.exit_code == 2 and "selects no linear module" in res.output
+    assert res.output.strip().count("\n") == 0  # one line (after the progress bar's blank one)
+    assert not (tmp_path / "bad" / "metrics.parquet").exists()
 
 
 def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
