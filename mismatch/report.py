@@ -55,7 +55,8 @@ def _fmt(value: float) -> str:
     return f"{value:.3e}"
 
 
-def _markdown_table(frame: pd.DataFrame) -> str:
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of `frame` (floats formatted compactly, everything else as text)."""
     cols = list(frame.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in frame.iterrows():
@@ -82,12 +83,12 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
     table = runs[["run", "reference", *[c for c in HEADLINE if c in runs.columns]]]
     md = [f"# {title}", "",
           "Divergence of each candidate from its reference over the scored tokens (nats; "
-          "definitions in DESIGN.md).", "", _markdown_table(table), ""]
+          "definitions in DESIGN.md).", "", markdown_table(table), ""]
     if not layers.empty:
         sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db")
         sq = sq[[r for r in runs["run_id"] if r in sq.columns]].reset_index()  # runs in recorded order
         sq = sq.rename(columns=dict(zip(runs["run_id"], runs["run"])))
-        md += ["## Per-layer SQNR (dB) of the hidden states", "", _markdown_table(sq.drop(columns="index")), ""]
+        md += ["## Per-layer SQNR (dB) of the hidden states", "", markdown_table(sq.drop(columns="index")), ""]
     if not isolated.empty:
         iso = isolated.assign(block=isolated["layers"].astype(int))
         kl = iso.pivot_table(index="block", columns="perturb", values="kl_fwd_mean")
@@ -98,7 +99,7 @@ def write_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "misma
             table_iso[f"{spec} top1_agree"] = top1[spec].to_numpy()
         md += ["## Per-layer isolation map: one decoder block perturbed at a time", "",
                "End-to-end divergence with only that block's linear layers perturbed.", "",
-               _markdown_table(table_iso), ""]
+               markdown_table(table_iso), ""]
         for spec in kl.columns:
             ranked = kl[spec].sort_values(ascending=False)
             top = ", ".join(f"{b} ({v:.3g})" for b, v in ranked.head(3).items())

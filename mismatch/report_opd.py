@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mismatch.opd.verdict import final_value, verdict  # noqa: E402
+from mismatch.report import markdown_table  # noqa: E402
 
 OPD_COLUMNS = {"step", "metric", "value", "run_id"}
 # config columns that must agree for two runs to be compared (everything but the rollout)
@@ -142,9 +143,7 @@ def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float =
             heldout_accuracy=table["heldout_accuracy"].map(lambda v: f"{v:.1%}"),
             acc_delta=table["acc_delta"].map(lambda v: f"{100 * v:+.1f} pts"),
             tolerated=table["tolerated"].map(lambda v: "yes" if v else "**no**"))
-        cols = list(shown.columns)
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in shown.itertuples(index=False)]
+        lines.append(markdown_table(shown))
     else:
         lines.append("No run has a clean baseline in its group: no verdicts.")
     verdicts = out_dir / "opd_verdicts.md"
