@@ -68,11 +68,11 @@ def opd_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0
     """
     runs = _runs(rows)
     key = lambda cfg: tuple(str(cfg.get(k)) for k in _GROUP)  # noqa: E731
-    clean = {key(cfg): metrics for cfg, metrics in runs
-             if cfg.get("rollout") in ("", "none") and int(cfg.get("staleness", 0)) == 0}
+    label_of = lambda cfg: rollout_label(str(cfg.get("rollout")), int(cfg.get("staleness", 0)))  # noqa: E731
+    clean = {key(cfg): metrics for cfg, metrics in runs if label_of(cfg) == "clean"}
     table = []
     for cfg, metrics in runs:
-        label = rollout_label(str(cfg.get("rollout")), int(cfg.get("staleness", 0)))
+        label = label_of(cfg)
         if label == "clean" or key(cfg) not in clean:
             continue
         v = verdict(clean[key(cfg)], metrics, kl_tol=kl_tol, acc_tol=acc_tol)
