@@ -36,17 +36,16 @@ reproduce-figures: $(STAMP)
 	# every spec against one fp32 reference pass: greedy responses of 64-96 tokens to 36 prompts
 	$(BIN)/mismatch probe smollm2-135m $(foreach s,$(SPECS),--perturb $(s)) \
 	    --prompts $(PROMPTS) --chat --min-new-tokens 64 --max-new-tokens 96 \
-	    --out $(RESULTS)/smollm2_quant.parquet --overwrite
+	    --out $(RESULTS)/smollm2_quant --overwrite
 	# per-layer isolation map: one decoder block quantized at a time, 12 prompts
 	$(BIN)/mismatch probe smollm2-135m --perturb fp8-e4m3:channel --perturb int4:group128 --each-layer \
 	    --no-per-layer --prompts $(PROMPTS) --max-prompts 12 --chat --min-new-tokens 64 --max-new-tokens 96 \
-	    --out $(RESULTS)/smollm2_layer_map.parquet --overwrite
+	    --out $(RESULTS)/smollm2_layer_map --overwrite
 	# dynamic study: OPD on sort-gpt2 with rollouts from 7 mismatched copies, each against the clean run
 	$(BIN)/mismatch opd --pair sort-gpt2 $(foreach r,$(OPD_ROLLOUTS),--rollout $(r)) --baseline \
 	    --loss full-rkl --steps 120 --batch-size 128 --lr 1e-3 --eval-every 20 --eval-prompts 1024 --seed 0 \
 	    --out $(RESULTS)/opd_sort --overwrite
-	$(BIN)/mismatch report $(RESULTS)/smollm2_quant.parquet $(RESULTS)/smollm2_layer_map.parquet \
-	    $(RESULTS)/opd_sort/metrics.parquet --out-dir reports
+	$(BIN)/mismatch report $(RESULTS)/smollm2_quant $(RESULTS)/smollm2_layer_map $(RESULTS)/opd_sort --out-dir reports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py

@@ -3,6 +3,8 @@
 Public API (names are the contract, see DESIGN.md):
     load, list_models, LM                    models.py
     probe, reference, ProbeResult, Reference probes.py
+    ProbeConfig, probe_candidates, run_probes probe_runs.py (one reference, many candidates)
+    read_results                             results.py (the results dataset)
     generate, Batch                          rollout.py
     perturbed, perturb_, restore_, parse_spec perturb/
     load_pair, list_pairs, Pair              pairs/
@@ -14,6 +16,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from mismatch.version import __version__  # noqa: E402
 from mismatch.errors import (  # noqa: E402
     InputError,
     MismatchError,
@@ -27,12 +30,13 @@ from mismatch.perturb import parse_spec, perturb_, perturbed, restore_  # noqa: 
 from mismatch.pairs import Pair, list_pairs, load_pair  # noqa: E402
 from mismatch import rollout  # noqa: E402
 from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
-
-__version__ = "0.1.0"
+from mismatch.probe_runs import ProbeConfig, probe_candidates, run_probes  # noqa: E402
+from mismatch.results import read_results  # noqa: E402
 
 __all__ = [
     "LM", "load", "list_models",
     "probe", "reference", "ProbeResult", "Reference",
+    "ProbeConfig", "probe_candidates", "run_probes", "read_results",
     "rollout", "Batch", "generate", "teacher_forced",
     "perturbed", "perturb_", "restore_", "parse_spec",
     "Pair", "load_pair", "list_pairs",

@@ -2,14 +2,15 @@
 
 `model_layout(model)` finds the modules every decoder-only LM has, whatever the family calls
 them: the token embedding, the stack of decoder blocks, the final norm and the output head.
-Per-layer probes (and later, per-layer perturbation scopes) rely on these names:
+Per-layer probes and per-layer perturbation scopes rely on these names:
 `embed`, `layers.0` ... `layers.{L-1}`, `final_norm`.
 
 `capture(...)` registers forward hooks on those modules for one forward pass and removes them in
 `finally`, as TransformerLens' `HookedRootModule.hooks` does. `replay_prefix(...)` makes leading
-blocks return recorded outputs instead of running (isolation maps), `Head` maps head inputs to
-fp32 logits, and `head_inputs(...)` runs a model keeping only the head's input rows at chosen
-positions (no `[B, T, V]` logits).
+blocks return recorded outputs instead of running (isolation maps). `head_inputs(...)` is the one
+place that runs a model keeping only its head's input rows at chosen positions (no `[B, T, V]`
+logits); `Head` maps those rows to fp32 logits and `logprob_chunks(...)` is the one chunked
+"head → fp32 log-softmax" loop that probes, rollouts and OPD share.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from mismatch.errors import InputError
+from mismatch.positions import position_ids
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 
@@ -175,7 +178,9 @@ class Head:
     scale: float = 1.0
 
     @classmethod
-    def of(cls, model: nn.Module, head: nn.Module, *, copy: bool) -> Head:
+    def of(cls, model: nn.Module, *, copy: bool = False) -> Head:
+        """The head of `model`: its live module, or (`copy`) a private copy of its weights."""
+        head = model_layout(model).head
         cfg = model.config
         scale = float(getattr(cfg, "logit_scale", None) or 1.0)
         if getattr(cfg, "logits_scaling", None):
@@ -203,23 +208,94 @@ class Head:
         return z
 
 
-def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
-                position_ids_BT: torch.Tensor, index_N: torch.Tensor) -> torch.Tensor:
-    """The output head's input rows `[N, D]` at flat positions `index_N` (into `[B*T]`).
+def token_chunks(n: int, size: int) -> Iterator[slice]:
+    """Consecutive slices of at most `size` rows covering `range(n)`."""
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
 
-    One forward pass whose own head runs on the last position only, so no `[B, T, V]` logits
-    exist; gradients flow when the caller has them enabled (OPD's student) and not under
-    `torch.no_grad()` (rollout and teacher scoring). Apply `Head.logits` chunk by chunk.
+
+def is_identity_warp(temperature: float = 1.0, top_p: float | None = None) -> bool:
+    """Whether `warp(…, temperature, top_p)` leaves logits unchanged (sampling from the policy itself)."""
+    return temperature in (0.0, 1.0) and (top_p is None or top_p >= 1.0)
+
+
+def warp(logits_CV: torch.Tensor, temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
+    """The sampling distribution's logits: temperature then nucleus filtering with the same
+    `transformers` warpers `generate` uses (filtered tokens get -inf). temperature 0 = 1 here."""
+    if is_identity_warp(temperature, top_p):
+        return logits_CV
+    if temperature not in (0.0, 1.0):
+        logits_CV = TemperatureLogitsWarper(temperature)(None, logits_CV)
+    if top_p is not None and top_p < 1.0:
+        logits_CV = TopPLogitsWarper(top_p)(None, logits_CV)
+    return logits_CV
+
+
+def logprob_chunks(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int, *, rows_per_pass: int | None = None,
+                   temperature: float = 1.0, top_p: float | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+    """fp32 log-probabilities `log_softmax(warp(head(h)))` of `hidden_ND` rows, chunk by chunk.
+
+    The head runs on `chunk_tokens` rows at a time (its weights are streamed once per chunk); the
+    log-softmax, and whatever the caller does with each yielded piece before asking for the next,
+    runs on `rows_per_pass` rows at a time (default: the whole chunk), so elementwise passes over
+    `[rows, V]` can stay in cache. At most one `[chunk_tokens, V]` logits tensor exists at a time.
+    Gradients flow when `hidden_ND` carries them. The chunking never changes a row's value beyond
+    fp32 rounding of the head matmul (BLAS sums rows in another order for another row count).
+
+    Yields:
+        `(rows, logp_CV)`: the slice of `hidden_ND` rows and their `[C, V]` fp32 log-probs.
+    """
+    for rows in token_chunks(hidden_ND.shape[0], chunk_tokens):
+        z_CV = warp(head.logits(hidden_ND[rows]), temperature, top_p)
+        for part in token_chunks(z_CV.shape[0], rows_per_pass or z_CV.shape[0]):
+            yield slice(rows.start + part.start, rows.start + part.stop), torch.log_softmax(z_CV[part], dim=-1)
+        del z_CV  # before the next chunk's logits exist
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """What one forward pass leaves for the chunked head: its input rows and a check sample."""
+
+    rows_ND: torch.Tensor  # head inputs at the requested positions, model dtype
+    last_BD: torch.Tensor  # head inputs at each sequence's last position (no grad)
+    last_logits_BV: torch.Tensor  # the model's own fp32 logits there
+
+
+def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                index_N: torch.Tensor, *, on_layer: Callable[[int, torch.Tensor], None] | None = None) -> HeadInputs:
+    """Run `model` once, keeping its output head's input rows `[N, D]` at flat positions `index_N`.
+
+    The model's own head runs on the last position only, so no `[B, T, V]` logits exist; apply
+    `Head.logits` (or `logprob_chunks`) to the rows. Positions count from each sequence's first
+    attended token (`positions.position_ids`). Gradients flow when the caller has them enabled
+    (OPD's student), not under `torch.no_grad()` (probes, rollouts, teacher scoring).
+
+    Args:
+        model: a causal LM; input_ids_BT / attention_mask_BT: `[B, T]`.
+        index_N: flat indices into `[B*T]` (`positions.response_index`).
+        on_layer: called as `on_layer(index, hidden_ND)` with fp32 rows at `index_N` of the
+            embedding (0), each decoder block (1..L) and the final norm (L+1).
+
+    Raises:
+        InputError: the model feeds its head something other than `[B, T, D]`.
     """
     layout = model_layout(model)
     B, T = input_ids_BT.shape
     kept: dict[str, torch.Tensor] = {}
 
     def on_head_input(hidden_BTD: torch.Tensor) -> torch.Tensor:
-        kept["rows"] = hidden_BTD.reshape(B * T, -1).index_select(0, index_N)
-        return hidden_BTD[:, -1:, :]
+        if hidden_BTD.shape[:2] != (B, T):
+            raise InputError(f"{type(model).__name__} feeds its head {tuple(hidden_BTD.shape)}, expected [{B}, {T}, D]")
+        kept["rows"] = hidden_BTD.reshape(B * T, -1).index_select(0, index_N)  # [N, D]
+        kept["last"] = hidden_BTD[:, -1, :].detach().clone()  # [B, D]
+        return hidden_BTD[:, -1:, :]  # the model's own head only runs on the last position
 
-    with capture(layout, None, on_head_input):
-        model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=position_ids_BT,
-              use_cache=False)
-    return kept["rows"]
+    layer_hook = None
+    if on_layer is not None:
+        def layer_hook(index: int, hidden_BTD: torch.Tensor) -> None:
+            on_layer(index, hidden_BTD.reshape(B * T, -1).index_select(0, index_N).float())
+
+    with capture(layout, layer_hook, on_head_input):
+        out = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                    position_ids=position_ids(attention_mask_BT), use_cache=False)
+    return HeadInputs(kept["rows"], kept["last"], out.logits[:, -1, :].detach().float())

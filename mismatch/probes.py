@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import Head, Layout, capture, model_layout, replay_prefix
+from mismatch.layout import Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
-from mismatch.rollout import position_ids, response_index
+from mismatch.perturb import active_perturbations
+from mismatch.positions import position_ids, response_index, scorable
 from mismatch.tokenizer import vocab_fingerprint
 
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
@@ -37,9 +38,6 @@ CACHE_ROWS = 16  # rows per pass of the elementwise metrics: [16, V] fp32 buffer
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
 LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")
-
-
-# ---------------------------------------------------------------- the output head
 
 
 # ---------------------------------------------------------------- masks and inputs
@@ -82,8 +80,7 @@ def score_mask(
             raise InputError(f"{name} must hold only 0 and 1")
         masks[name] = mask.to(device=input_ids.device, dtype=torch.bool)
     attn_BT = masks.get("attention_mask", torch.ones_like(input_ids, dtype=torch.bool))
-    valid_BT = torch.zeros_like(attn_BT)
-    valid_BT[:, 1:] = attn_BT[:, 1:] & attn_BT[:, :-1]
+    valid_BT = scorable(attn_BT)
     scored_BT = valid_BT
     if "response_mask" in masks:
         bad = masks["response_mask"] & ~valid_BT
@@ -120,38 +117,16 @@ def _check_inputs(model: nn.Module, name: str, input_ids: torch.Tensor, position
 # ---------------------------------------------------------------- one forward pass
 
 
-@dataclass
-class _Pass:
-    head_input_ND: torch.Tensor  # head inputs at the predicting positions, model dtype
-    check_rows_BD: torch.Tensor  # head inputs at each sequence's last position
-    check_logits_BV: torch.Tensor  # the model's own logits there
-
-
-def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_index_N,
-             on_layer, keep_blocks: list | None = None, replay: Reference | None = None) -> _Pass:
-    """One forward pass keeping only what the probes need (see module docstring).
+def _forward(model: nn.Module, input_ids_BT, attn_BT, pred_index_N, on_layer, keep_blocks: list | None = None,
+             replay: Reference | None = None) -> HeadInputs:
+    """`layout.head_inputs` plus the isolation map's block bookkeeping.
 
     `keep_blocks`: a list that receives every decoder block's full output `[B, T, D]` (a copy)
     and, last, whether the blocks return tuples. `replay`: a Reference whose recorded block
     outputs stand in for the candidate's unchanged leading blocks (`_unchanged_prefix`).
     """
     layout = model_layout(model)
-    B, T = input_ids_BT.shape
-    kept: dict[str, torch.Tensor] = {}
     start = 0 if replay is None else _unchanged_prefix(replay, model, layout)
-
-    def on_head_input(hidden_BTD: torch.Tensor) -> torch.Tensor:
-        if hidden_BTD.shape[:2] != (B, T):
-            raise InputError(f"{type(model).__name__} feeds its head {tuple(hidden_BTD.shape)}, expected [{B}, {T}, D]")
-        kept["rows"] = hidden_BTD.reshape(B * T, -1).index_select(0, pred_index_N)  # [N, D]
-        kept["check"] = hidden_BTD[:, -1, :].clone()  # [B, D]
-        return hidden_BTD[:, -1:, :]  # the model's own head only runs on the last position
-
-    layer_hook = None
-    if on_layer is not None:
-        def layer_hook(index: int, hidden_BTD: torch.Tensor) -> None:
-            on_layer(index, hidden_BTD.reshape(B * T, -1).index_select(0, pred_index_N).float())
-
     handles, as_tuple = [], []
     if keep_blocks is not None:
         def keep(_module, _args, out) -> None:
@@ -161,15 +136,13 @@ def _forward(model: nn.Module, input_ids_BT, attn_BT, position_ids_BT, pred_inde
     try:
         with torch.no_grad(), replay_prefix(layout, replay.block_outputs if start else [], start,
                                             replay is not None and replay.blocks_as_tuple):
-            with capture(model_layout(model), layer_hook, on_head_input):
-                out = model(input_ids=input_ids_BT, attention_mask=attn_BT, position_ids=position_ids_BT,
-                            use_cache=False)
+            fwd = head_inputs(model, input_ids_BT, attn_BT, pred_index_N, on_layer=on_layer)
     finally:
         for handle in handles:
             handle.remove()
     if keep_blocks is not None:
         keep_blocks.append(any(as_tuple))
-    return _Pass(kept["rows"], kept["check"], out.logits[:, -1, :].float())
+    return fwd
 
 
 def _block_states(layout: Layout) -> list[tuple]:
@@ -199,12 +172,12 @@ def _unchanged_prefix(ref: Reference, model: nn.Module, layout: Layout) -> int:
 
 
 @torch.no_grad()
-def _verify_head(head: Head, fwd: _Pass, name: str) -> None:
-    ours = head.logits(fwd.check_rows_BD)
-    if not torch.isfinite(fwd.check_logits_BV).all():
+def _verify_head(head: Head, fwd: HeadInputs, name: str) -> None:
+    ours = head.logits(fwd.last_BD)
+    if not torch.isfinite(fwd.last_logits_BV).all():
         return  # reported with its position by the chunked pass
-    tol = 1e-3 * (1.0 + float(fwd.check_logits_BV.abs().max()))
-    diff = float((ours - fwd.check_logits_BV).abs().max())
+    tol = 1e-3 * (1.0 + float(fwd.last_logits_BV.abs().max()))
+    diff = float((ours - fwd.last_logits_BV).abs().max())
     if diff > tol:
         raise InputError(f"cannot reproduce {name}'s logits from its output head (max |Δ| = {diff:.3g}); "
                          "this architecture post-processes logits in a way mismatch does not support")
@@ -280,36 +253,40 @@ def reference(
 
     Returns:
         A `Reference`, accepted by `probe` in place of the reference model.
+
+    Raises:
+        InputError: the model is currently perturbed in place, or see `score_mask`.
     """
     model, fingerprint, name = _unwrap(model)
-    active = model.__dict__.get("_mismatch_active_perturbations")
+    active = active_perturbations(model)
     if active:
         raise InputError(f"the reference {name} is perturbed in place ({', '.join(a.spec for a in active)}); compute "
                          "mismatch.reference(model, ...) before perturbing and pass that to probe")
     attn_BT, scored_BT, position_ids_BT = score_mask(input_ids, attention_mask, response_mask)
     layout = model_layout(model)
-    head = Head.of(model, layout.head, copy=True)
+    head = Head.of(model, copy=True)
     _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
-    pred_index_N = response_index(scored_BT)
     layers: list[torch.Tensor] | None = [] if per_layer else None
     blocks: list | None = [] if keep_block_outputs else None
     states = _block_states(layout) if keep_block_outputs else None
-    fwd = _forward(model, input_ids, attn_BT, position_ids_BT, pred_index_N,
+    fwd = _forward(model, input_ids, attn_BT, response_index(scored_BT),
                    (lambda i, h: layers.append(h)) if per_layer else None, keep_blocks=blocks)
     _verify_head(head, fwd, name)
-    logp = None
-    if cache_logprobs:
-        n = fwd.head_input_ND.shape[0]
-        logp = torch.empty((n, head.vocab_size), dtype=torch.float32)
-        for start in range(0, n, chunk_tokens):
-            rows = slice(start, min(start + chunk_tokens, n))
-            logp[rows] = torch.log_softmax(head.logits(fwd.head_input_ND[rows]), dim=-1)
+    logp = _all_logprobs(head, fwd.rows_ND, chunk_tokens) if cache_logprobs else None
     return Reference(name=name, input_ids=input_ids, attention_mask=attn_BT, scored=scored_BT,
-                     position_ids=position_ids_BT, head=head, head_input=fwd.head_input_ND,
+                     position_ids=position_ids_BT, head=head, head_input=fwd.rows_ND,
                      layer_names=layout.layer_names, layer_hidden=layers, vocab_fingerprint=fingerprint,
                      logp=logp, logp_argmax=None if logp is None else logp.argmax(-1),
                      block_outputs=blocks[:-1] if blocks else None, blocks_as_tuple=bool(blocks and blocks[-1]),
                      block_states=states, model_ref=weakref.ref(model) if keep_block_outputs else None)
+
+
+def _all_logprobs(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """`[N, V]` fp32 log-probs of every row (the reference cache)."""
+    logp_NV = torch.empty((hidden_ND.shape[0], head.vocab_size), dtype=torch.float32)
+    for rows, logp_CV in logprob_chunks(head, hidden_ND, chunk_tokens):
+        logp_NV[rows] = logp_CV
+    return logp_NV
 
 
 _build_reference = reference  # `probe` has an argument named `reference`
@@ -394,64 +371,72 @@ def probe(
         raise InputError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
     if not clip > 1.0:
         raise InputError(f"clip must be > 1, got {clip}")
-    if isinstance(reference, Reference):
-        ref = reference
-        if input_ids is not None and not torch.equal(input_ids.to(ref.input_ids.device), ref.input_ids):
-            raise InputError("input_ids differ from the ones the Reference was computed on")
-        if attention_mask is not None or response_mask is not None:
-            raise InputError("masks are fixed by the Reference; pass them to mismatch.reference()")
-        if per_layer and ref.layer_hidden is None:
-            raise InputError("per_layer=True needs a Reference computed with per_layer=True")
-    else:
-        if input_ids is None:
-            raise InputError("input_ids are required unless reference is a mismatch.Reference")
-        ref = _build_reference(reference, input_ids, attention_mask, response_mask, per_layer)
-
+    ref = _as_reference(reference, input_ids, attention_mask, response_mask, per_layer)
     cand_model, cand_fp, cand_name = _unwrap(candidate)
-    layout = model_layout(cand_model)
-    head = Head.of(cand_model, layout.head, copy=False)
-    if head.vocab_size != ref.head.vocab_size:
-        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
-                                 f"{cand_name} has {head.vocab_size}")
-    if ref.vocab_fingerprint and cand_fp and ref.vocab_fingerprint != cand_fp:
-        raise VocabMismatchError(f"tokenizers of {ref.name} and {cand_name} map tokens to different ids")
-    _check_inputs(cand_model, cand_name, ref.input_ids, ref.position_ids, head.vocab_size)
-    stats = None
-    if per_layer:
-        if layout.layer_names != ref.layer_names:
-            raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
-                             f"{cand_name} has {len(layout.layer_names)}; use per_layer=False")
-        stats = _LayerStats(ref)
-    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.position_ids, ref.pred_index, stats,
-                   replay=ref)
+    head = Head.of(cand_model)
+    _check_candidate(ref, cand_model, cand_fp, cand_name, head, per_layer)
+    stats = _LayerStats(ref) if per_layer else None
+    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.pred_index, stats, replay=ref)
     _verify_head(head, fwd, cand_name)
-
-    n = ref.head_input.shape[0]
-    chunks: list[dict[str, torch.Tensor]] = []
-    for start in range(0, n, chunk_tokens):
-        rows = slice(start, min(start + chunk_tokens, n))
-        z_ref = ref.head.logits(ref.head_input[rows]) if ref.logp is None else None  # [C, V] fp32
-        z_cand = head.logits(fwd.head_input_ND[rows])
-        # The elementwise work is memory-bound: a few rows at a time keep its ~10 passes
-        # over [rows, V] in cache (2x faster on 2 cores than whole chunks).
-        for sub in range(0, z_cand.shape[0], CACHE_ROWS):
-            part = slice(sub, sub + CACHE_ROWS)
-            at = slice(rows.start + sub, rows.start + sub + z_cand[part].shape[0])
-            logp_cand = torch.log_softmax(z_cand[part], dim=-1)
-            if ref.logp is None:
-                metrics = token_metrics_(torch.log_softmax(z_ref[part], dim=-1), logp_cand, ref.token[at])
-            else:  # the cache is shared by every candidate: read it, never write it
-                metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
-                                         argmax_ref_C=ref.logp_argmax[at])
-            # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
-            _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
-            _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
-            chunks.append(metrics)
-        del z_ref, z_cand
-    tok = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
-
+    tok = _token_metrics(ref, head, fwd.rows_ND, cand_name, chunk_tokens)
     columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
     per_token = pd.DataFrame({k: v.cpu().numpy() for k, v in columns.items()})[list(TOKEN_COLUMNS)]
     per_layer_df = pd.DataFrame(stats.rows if stats else [], columns=list(LAYER_COLUMNS))
     return ProbeResult(per_token=per_token, per_layer=per_layer_df, summary=summarize(tok, ref.seq, clip),
                        reference=ref.name, candidate=cand_name)
+
+
+def _check_candidate(ref: Reference, model: nn.Module, fingerprint: str | None, name: str, head: Head,
+                     per_layer: bool) -> None:
+    """The candidate shares the reference's vocabulary (and, for per_layer, its layers) and fits the inputs."""
+    if head.vocab_size != ref.head.vocab_size:
+        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
+                                 f"{name} has {head.vocab_size}")
+    if ref.vocab_fingerprint and fingerprint and ref.vocab_fingerprint != fingerprint:
+        raise VocabMismatchError(f"tokenizers of {ref.name} and {name} map tokens to different ids")
+    _check_inputs(model, name, ref.input_ids, ref.position_ids, head.vocab_size)
+    layer_names = model_layout(model).layer_names
+    if per_layer and layer_names != ref.layer_names:
+        raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
+                         f"{name} has {len(layer_names)}; use per_layer=False")
+
+
+def _as_reference(reference: nn.Module | LM | Reference, input_ids, attention_mask, response_mask,
+                  per_layer: bool) -> Reference:
+    """`reference` itself when it is a `Reference` (checking the arguments agree with it), else a
+    fresh one computed on the given inputs."""
+    if not isinstance(reference, Reference):
+        if input_ids is None:
+            raise InputError("input_ids are required unless reference is a mismatch.Reference")
+        return _build_reference(reference, input_ids, attention_mask, response_mask, per_layer)
+    if input_ids is not None and not torch.equal(input_ids.to(reference.input_ids.device), reference.input_ids):
+        raise InputError("input_ids differ from the ones the Reference was computed on")
+    if attention_mask is not None or response_mask is not None:
+        raise InputError("masks are fixed by the Reference; pass them to mismatch.reference()")
+    if per_layer and reference.layer_hidden is None:
+        raise InputError("per_layer=True needs a Reference computed with per_layer=True")
+    return reference
+
+
+def _token_metrics(ref: Reference, head: Head, hidden_ND: torch.Tensor, cand_name: str,
+                   chunk_tokens: int) -> dict[str, torch.Tensor]:
+    """Per-token metrics `[N]` of the candidate's head rows against the reference side.
+
+    The elementwise work is memory-bound: `CACHE_ROWS` rows at a time keep its ~10 passes over
+    `[rows, V]` in cache (2x faster on 2 cores than whole chunks)."""
+    cand = logprob_chunks(head, hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
+    ref_side = (logprob_chunks(ref.head, ref.head_input, chunk_tokens, rows_per_pass=CACHE_ROWS)
+                if ref.logp is None else None)
+    parts = []
+    for at, logp_cand in cand:
+        if ref_side is not None:
+            _, logp_ref = next(ref_side)
+            metrics = token_metrics_(logp_ref, logp_cand, ref.token[at])
+        else:  # the cache is shared by every candidate: read it, never write it
+            metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
+                                     argmax_ref_C=ref.logp_argmax[at])
+        # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
+        _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
+        _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
+        parts.append(metrics)
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -16,8 +16,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mismatch.errors import InputError
-from mismatch.layout import Head, head_inputs, model_layout
+from mismatch.layout import Head, head_inputs, logprob_chunks
 from mismatch.models import LM
+from mismatch.positions import response_index, scorable
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat: bool
             raise InputError(f"prompt {i} is empty")
         if chat:
             if not getattr(tokenizer, "chat_template", None):
-                raise InputError("--chat needs a tokenizer with a chat template; this one has none")
+                raise InputError("chat encoding needs a tokenizer with a chat template; this one has none")
             turns = [{"role": role, "content": content} for role, content in context]
             text = tokenizer.apply_chat_template(turns + [{"role": "user", "content": prompt}],
                                                  add_generation_prompt=True, tokenize=False)
@@ -84,10 +85,7 @@ def teacher_forced(lm: LM, texts: list[str], *, chat: bool = False) -> Batch:
     """A batch that scores every token of each text after its first (left-padded)."""
     seqs = encode(lm.tokenizer, texts, chat=chat)
     ids, attn = _pad_left(seqs, _pad_id(lm.tokenizer))
-    response = attn.clone()
-    response[:, 1:] &= attn[:, :-1]
-    response[:, 0] = 0
-    return Batch(ids, attn, response, tuple(texts))
+    return Batch(ids, attn, scorable(attn).long(), tuple(texts))
 
 
 def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -173,28 +171,15 @@ class Rollout:
     logprobs: torch.Tensor  # [B, T] fp32 nats: log π_R(y_t) at response tokens, 0 elsewhere
 
 
-def response_index(response_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Flat `[N]` indices into `[B*T]` of the positions whose logits predict each response token
-    (row-major order, the order of `response_mask_BT.nonzero()`)."""
-    seq_N, t_N = response_mask_BT.bool().nonzero(as_tuple=True)
-    return seq_N * response_mask_BT.shape[1] + t_N - 1
-
-
-def position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Positions counted from each sequence's first attended token (left padding)."""
-    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def warp(logits_CV: torch.Tensor, temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
-    """The sampling distribution's logits: temperature then nucleus filtering with the same
-    `transformers` warpers `generate` uses (filtered tokens get -inf). temperature 0 = 1 here."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-
-    if temperature not in (0.0, 1.0):
-        logits_CV = TemperatureLogitsWarper(temperature)(None, logits_CV)
-    if top_p is not None and top_p < 1.0:
-        logits_CV = TopPLogitsWarper(top_p)(None, logits_CV)
-    return logits_CV
+def token_logprobs(head: Head, hidden_ND: torch.Tensor, token_N: torch.Tensor, chunk_tokens: int, *,
+                   temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
+    """`log π(y)` `[N]` fp32 of tokens `token_N` from head input rows `hidden_ND` `[N, D]`, under the
+    sampling distribution (`warp` with `temperature`, `top_p`); the head runs chunk by chunk."""
+    out_N = torch.empty(token_N.shape[0], dtype=torch.float32)
+    with torch.no_grad():
+        for rows, logp_CV in logprob_chunks(head, hidden_ND, chunk_tokens, temperature=temperature, top_p=top_p):
+            out_N[rows] = logp_CV.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
+    return out_N
 
 
 @torch.no_grad()
@@ -207,16 +192,9 @@ def sequence_logprobs(model, batch: Batch, *, temperature: float = 1.0, top_p: f
     bit: what differs between rollout and training log-probs is the model, not the arithmetic.
     The head runs on `chunk_tokens` rows at a time (no `[B, T, V]` tensor).
     """
-    index_N = response_index(batch.response_mask)
-    hidden_ND = head_inputs(model, batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask),
-                            index_N)
-    head = Head.of(model, model_layout(model).head, copy=False)
+    hidden_ND = head_inputs(model, batch.input_ids, batch.attention_mask, response_index(batch.response_mask)).rows_ND
     token_N = batch.input_ids[batch.response_mask.bool()]
-    out_N = torch.empty(index_N.shape[0], dtype=torch.float32)
-    for start in range(0, index_N.shape[0], chunk_tokens):
-        rows = slice(start, start + chunk_tokens)
-        logp_CV = torch.log_softmax(warp(head.logits(hidden_ND[rows]), temperature, top_p), dim=-1)
-        out_N[rows] = logp_CV.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
+    out_N = token_logprobs(Head.of(model), hidden_ND, token_N, chunk_tokens, temperature=temperature, top_p=top_p)
     logprobs_BT = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     logprobs_BT[batch.response_mask.bool()] = out_N
     return logprobs_BT

@@ -48,7 +48,7 @@ def test_generated_responses_are_scored(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["probe", "tiny-llama", "nope", "--text", "a b"], "unknown model 'nope'"),
     (["probe", "tiny-llama", "tiny-llama", "--text", ""], "prompt 0 is empty"),
-    (["probe", "tiny-llama", "tiny-llama"], "exactly one of --prompts"),
+    (["probe", "tiny-llama", "tiny-llama"], "exactly one prompt source"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--cand-dtype", "fp7"], "unknown dtype"),
     (["probe", "tiny-llama", "tiny-llama", "--prompts", "/nonexistent.txt"], "not found"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "x" * 200], "longer than"),
@@ -115,12 +115,25 @@ def test_perturb_runs_every_spec_against_one_reference(tmp_path):
 
 
 def test_each_layer_writes_one_run_per_block(tmp_path):
-    out = tmp_path / "m.parquet"
+    """The isolation map into a results directory: one run per block, each equal to probing the model
+    with only that block perturbed (the prefix replay changes no number)."""
+    import mismatch
+    from mismatch.perturb import perturbed
+    from mismatch.rollout import teacher_forced
+
+    out = tmp_path / "map"
     res = runner.invoke(app, ["probe", "tiny-gpt2", "--perturb", "int4:group128", "--each-layer", "--no-per-layer",
                               "--text", "some text here", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    summ = summaries(read_results(out))
-    assert sorted(summ["layers"]) == ["0", "1"] and (summ["kl_fwd_mean"] > 0).all()
+    summ = summaries(read_results(out)).set_index("layers")
+    assert sorted(summ.index) == ["0", "1"] and len(list(out.glob("*.parquet"))) == 2
+    lm = mismatch.load("tiny-gpt2")
+    b = teacher_forced(lm, ["some text here"])
+    ref = mismatch.reference(lm, b.input_ids, b.attention_mask, b.response_mask, per_layer=False)
+    for block in ("0", "1"):
+        with perturbed(lm.model, "int4:group128", layers=block) as cand:
+            api = mismatch.probe(ref, cand, per_layer=False)
+        assert summ.loc[block, "kl_fwd_mean"] == api.summary["kl_fwd_mean"] > 0
 
 
 @pytest.mark.parametrize("args,message", [
@@ -128,7 +141,7 @@ def test_each_layer_writes_one_run_per_block(tmp_path):
     (["--perturb", "int4", "--layers", "7"], "out of range"),
     (["--perturb", "int4", "--layers", "zzz"], "selects no linear module"),
     (["--perturb", "stale:2"], "OPD"),
-    (["tiny-llama", "--each-layer"], "--each-layer needs"),
+    (["tiny-llama", "--each-layer"], "isolation map needs at least one perturbation spec"),
 ])
 def test_bad_perturb_input(args, message):
     res = runner.invoke(app, ["probe", "tiny-llama", *args, "--text", "a b c"])

@@ -94,6 +94,7 @@ def test_smollm2_known_properties(smollm2):
     assert "Paris" in answer
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_cache_holds_the_gguf_weights(smollm2):
     """The converted safetensors equal gguf's own de-quantization of the published file."""

@@ -1,12 +1,20 @@
-"""The tidy results table: lossless round trip, append without loss, atomic replace."""
+"""The results dataset: one schema for every run kind, parts that are never rewritten, content-hash
+run ids, lossless round trips (directory, .parquet, .csv), and older files still readable."""
+
+import dataclasses
 
 import pandas as pd
 import pytest
 
 import mismatch
 from mismatch.errors import InputError
-from mismatch.results import per_layer, read_results, summaries, to_rows, write_results
+from mismatch.opd.config import OPDConfig
+from mismatch.probe_runs import rows_of
+from mismatch.results import FRONT, ResultsWriter, per_layer, read_results, run_id, summaries, tidy
 from tests.conftest import random_ids
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +22,20 @@ def result(tiny):
     return mismatch.probe(tiny("tiny-llama", 0), tiny("tiny-llama", 1), random_ids(2, 7))
 
 
-@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
-def test_round_trip_restores_every_number(result, tmp_path, suffix):
-    path = write_results(to_rows(result, {"cand_dtype": "fp32", "seed": 0}), tmp_path / f"r{suffix}")
-    rows = read_results(path)
+def _probe(result, **config):
+    return tidy(rows_of(result), kind="probe", config={"reference": "tiny-llama", "seed": 0, **config})
+
+
+def _opd(config: OPDConfig, values: dict[int, float]):
+    rows = pd.DataFrame([{"step": s, "metric": "heldout_rkl", "value": v} for s, v in values.items()])
+    return tidy(rows.assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+
+
+@pytest.mark.parametrize("dest", ["dir", "r.parquet", "r.csv"])
+def test_round_trip_restores_every_number(result, tmp_path, dest):
+    path = ResultsWriter(tmp_path / dest).write(_probe(result, cand_dtype="fp32"))
+    rows = read_results(tmp_path / dest)
+    assert path.exists() and list(rows.columns[:len(FRONT)]) == list(FRONT)
     tok = rows[rows["level"] == "token"].pivot_table(index=["seq", "pos", "token"], columns="metric",
                                                      values="value").reset_index()
     for col in ("kl_fwd", "kl_rev", "tv", "logp_ref", "logp_cand", "is_ratio", "k3"):
@@ -26,7 +44,7 @@ def test_round_trip_restores_every_number(result, tmp_path, suffix):
     summ = summaries(rows).iloc[0]
     for key, value in result.summary.items():
         assert summ[key] == pytest.approx(value, rel=1e-12), key
-    assert summ["reference"] == "tiny-llama" and summ["seed"] == 0
+    assert (summ["kind"], summ["reference"], summ["seed"]) == ("probe", "tiny-llama", 0)
     lay = per_layer(rows)
     assert lay["layer"].tolist() == result.per_layer["layer"].tolist()
     assert lay["sqnr_db"].tolist() == pytest.approx(result.per_layer["sqnr_db"].tolist(), rel=1e-12)
@@ -34,27 +52,81 @@ def test_round_trip_restores_every_number(result, tmp_path, suffix):
         assert rows[col].notna().all()
 
 
-def test_append_keeps_earlier_runs_and_overwrite_replaces(result, tmp_path):
+def test_run_id_is_a_content_hash_of_the_configuration():
+    base = dataclasses.asdict(OPDConfig(pair="sort-gpt2"))
+    assert run_id("opd", base) == run_id("opd", dict(reversed(list(base.items()))))  # key order is irrelevant
+    ids = {run_id("opd", {**base, name: value}) for name, value in
+           [("seed", 1), ("top_p", 0.9), ("decay", "constant"), ("rollout", "fp8-e4m3:channel")]}
+    assert len(ids | {run_id("opd", base)}) == 5  # every field changes it
+    assert run_id("probe", base) != run_id("opd", base)
+    with pytest.raises(InputError, match="unknown run kind"):
+        run_id("sweep", base)
+
+
+def test_parts_are_appended_never_rewritten_and_both_kinds_share_one_dataset(result, tmp_path):
+    writer = ResultsWriter(tmp_path / "ds")
+    first = writer.write(_probe(result))
+    before = (first.read_bytes(), first.stat().st_mtime_ns)
+    cfg = OPDConfig(pair="sort-gpt2")
+    opd_parts = [writer.write(_opd(cfg, {0: 2.0})), writer.write(_opd(cfg, {10: 1.5}))]  # two flushes of one run
+    assert (first.read_bytes(), first.stat().st_mtime_ns) == before
+    assert len(list((tmp_path / "ds").glob("*.parquet"))) == 3 and not list((tmp_path / "ds").glob(".*"))
+    rows = read_results(tmp_path / "ds")
+    assert rows.groupby("kind")["run_id"].nunique().to_dict() == {"opd": 1, "probe": 1}
+    opd = rows[rows["kind"] == "opd"]
+    assert opd["step"].tolist() == [0, 10] and opd["value"].tolist() == [2.0, 1.5]
+    assert (opd["level"] == "step").all() and opd["seq"].isna().all()
+    # the same run written again by a new writer replaces only its own parts
+    ResultsWriter(tmp_path / "ds").write(_opd(cfg, {0: 2.0}))
+    assert all(not p.exists() for p in opd_parts) and first.exists()
+    assert read_results(tmp_path / "ds").groupby("kind").size().to_dict() == {"opd": 1, "probe": len(rows) - 2}
+    ResultsWriter(tmp_path / "ds", overwrite=True).write(_opd(cfg, {5: 1.0}))
+    assert read_results(tmp_path / "ds")["step"].tolist() == [5]
+
+
+def test_single_files_append_and_overwrite(result, tmp_path):
     path = tmp_path / "r.parquet"
-    first = to_rows(result, {})
-    write_results(first, path)
-    write_results(to_rows(result, {}), path)
+    ResultsWriter(path).write(_probe(result, seed=0))
+    ResultsWriter(path).write(_probe(result, seed=1))
     assert read_results(path)["run_id"].nunique() == 2
-    write_results(first, path, overwrite=True)
-    assert read_results(path)["run_id"].unique().tolist() == [first["run_id"].iloc[0]]
+    ResultsWriter(path, overwrite=True).write(_probe(result, seed=0))
+    assert read_results(path)["seed"].unique().tolist() == [0]
     assert not list(tmp_path.glob(".*tmp"))
 
 
+def test_older_result_files_still_load(result, tmp_path):
+    """Files written before `kind` existed: probe files (a `level` column, random run ids) and OPD
+    `metrics.parquet` (step/metric/value and config columns, no `level`)."""
+    old_probe = _probe(result).drop(columns=["kind", "step"]).assign(run_id="abc123")
+    old_probe.to_csv(tmp_path / "old.csv", index=False)
+    old_opd = pd.DataFrame({"step": [0, 1], "metric": ["heldout_rkl", "loss"], "value": [2.0, 1.0],
+                            "run_id": "sort-gpt2|none|K=0|full-rkl|seed=0", "pair": "sort-gpt2", "rollout": "none"})
+    old_opd.to_parquet(tmp_path / "metrics.parquet", index=False)
+    probe_rows = read_results(tmp_path / "old.csv")
+    assert set(probe_rows["kind"]) == {"probe"} and len(probe_rows) == len(old_probe)
+    assert summaries(probe_rows).iloc[0]["kl_fwd_mean"] == pytest.approx(result.summary["kl_fwd_mean"], rel=1e-12)
+    opd_rows = read_results(tmp_path / "metrics.parquet")
+    assert set(opd_rows["kind"]) == {"opd"} and set(opd_rows["level"]) == {"step"}
+    assert opd_rows["step"].tolist() == [0, 1]
+    (tmp_path / "ds").mkdir()
+    old_opd.to_parquet(tmp_path / "ds" / "metrics.parquet", index=False)  # an old file inside a dataset
+    ResultsWriter(tmp_path / "ds").write(_probe(result))
+    assert read_results(tmp_path / "ds").groupby("kind").size().to_dict() == {"opd": 2, "probe": len(old_probe)}
+
+
 def test_bad_paths(result, tmp_path):
-    with pytest.raises(InputError, match=r"\.parquet or \.csv"):
-        write_results(to_rows(result, {}), tmp_path / "r.json")
+    with pytest.raises(InputError, match=r"directory or a \.parquet/\.csv file"):
+        ResultsWriter(tmp_path / "r.json")
     with pytest.raises(InputError, match="not found"):
         read_results(tmp_path / "missing.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="holds no parquet parts"):
+        read_results(tmp_path / "empty")
 
 
 def test_rows_are_tidy(result):
-    rows = to_rows(result, {})
+    rows = _probe(result)
     assert set(rows["level"]) == {"summary", "layer", "token"}
     assert len(rows[rows["level"] == "token"]) == len(result.per_token) * 8
     assert rows.groupby(["level", "metric", "seq", "pos", "layer"], dropna=False).size().max() == 1
-    assert isinstance(rows, pd.DataFrame) and rows["value"].dtype == "float64"
+    assert rows["value"].dtype == "float64" and rows["run_id"].nunique() == 1

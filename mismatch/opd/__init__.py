@@ -1,6 +1,10 @@
-"""On-policy distillation under training–inference mismatch: losses (`losses`), the rollout
-copy with stale weights (`ring`), the training recipe (`recipe`)."""
+"""On-policy distillation under training–inference mismatch: losses (`losses`), the rollout copy
+with stale weights (`ring`), the run's configuration (`config`), the training recipe (`recipe`),
+planning and running several runs into a results dataset (`runs`), verdicts (`verdict`)."""
 
-from mismatch.opd.recipe import OPDConfig, train
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.recipe import save_student, train
+from mismatch.opd.runs import label, make_config, plan, run_all
+from mismatch.opd.verdict import verdict_table
 
-__all__ = ["OPDConfig", "train"]
+__all__ = ["OPDConfig", "train", "save_student", "plan", "run_all", "make_config", "label", "verdict_table"]

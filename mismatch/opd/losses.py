@@ -20,13 +20,19 @@ and its gradient do not depend on the chunk size (up to fp32 rounding).
   constant, multiplies each token's term so that updates computed on `π_R`'s samples target
   `π_S` (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
   Training", TIS with C = 2). Off by default.
+
+Each loss is registered once (`register_loss`): its name, per-token function, whether it needs
+the full vocabulary or only the sampled tokens' log-probs, and a one-line description; `LOSSES`
+and `token_loss` read the registry.
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
-LOSSES = ("pg-rkl", "full-rkl", "full-fkl")
+import torch
 
 
 def pg_rkl(logp_student_C: torch.Tensor, logp_teacher_C: torch.Tensor) -> torch.Tensor:
@@ -58,14 +64,80 @@ def tis_weights(logp_student_C: torch.Tensor, logp_rollout_C: torch.Tensor, cap:
     return torch.exp(logp_student_C.detach() - logp_rollout_C).clamp(max=cap)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Loss:
+    """One registered OPD loss.
+
+    Attributes:
+        name: its name in configs and results (`pg-rkl`, …).
+        per_token: `(logp_student, logp_teacher) -> [C]` terms; the inputs are `[C, V]` when
+            `full_vocab`, else the `[C]` log-probs of the sampled tokens.
+        full_vocab: whether it reads the whole vocabulary or only the sampled tokens.
+        description: one line, with the formula's source.
+    """
+
+    name: str
+    per_token: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    full_vocab: bool
+    description: str
+
+
+_REGISTRY: dict[str, Loss] = {}
+LOSS_REGISTRY: Mapping[str, Loss] = MappingProxyType(_REGISTRY)  # read-only view, in registration order
+
+
+def register_loss(loss: Loss) -> Loss:
+    """Register `loss` under its name; returns it.
+
+    Raises:
+        ValueError: the name is already registered.
+    """
+    if loss.name in _REGISTRY:
+        raise ValueError(f"loss {loss.name!r} is already registered")
+    _REGISTRY[loss.name] = loss
+    return loss
+
+
+def get_loss(name: str) -> Loss:
+    """The registered loss `name`.
+
+    Raises:
+        ValueError: unknown name (one line, listing the registered ones).
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown loss {name!r}; valid: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+register_loss(Loss(name="pg-rkl", per_token=pg_rkl, full_vocab=False,
+                   description="sampled-token reverse KL as a per-token policy gradient "
+                               "(Agarwal et al. 2024, GKD; Thinking Machines 2025)"))
+register_loss(Loss(name="full-rkl", per_token=full_rkl, full_vocab=True,
+                   description="exact reverse KL(π_S ‖ π_T) over the vocabulary at each rollout position"))
+register_loss(Loss(name="full-fkl", per_token=full_fkl, full_vocab=True,
+                   description="forward KL(π_T ‖ π_S) over the vocabulary (supervised-KD style)"))
+
+LOSSES: tuple[str, ...] = tuple(_REGISTRY)  # ("pg-rkl", "full-rkl", "full-fkl")
+
+
 def token_loss(name: str, logp_student_CV: torch.Tensor, logp_teacher_CV: torch.Tensor,
                token_C: torch.Tensor) -> torch.Tensor:
-    """The per-token terms `[C]` of loss `name` (one of `LOSSES`) from full `[C, V]` log-probs."""
-    if name == "pg-rkl":
-        idx = token_C.unsqueeze(-1)
-        return pg_rkl(logp_student_CV.gather(-1, idx).squeeze(-1), logp_teacher_CV.gather(-1, idx).squeeze(-1))
-    if name == "full-rkl":
-        return full_rkl(logp_student_CV, logp_teacher_CV)
-    if name == "full-fkl":
-        return full_fkl(logp_student_CV, logp_teacher_CV)
-    raise ValueError(f"unknown loss {name!r}; valid: {', '.join(LOSSES)}")
+    """The per-token terms of a registered loss, from full log-probs.
+
+    Args:
+        name: one of `LOSSES`.
+        logp_student_CV: `[C, V]` fp32 log π_S (carries the gradient), nats.
+        logp_teacher_CV: `[C, V]` fp32 log π_T, nats.
+        token_C: `[C]` the rollout tokens y_t (read by sampled-token losses only).
+
+    Returns:
+        `[C]` per-token loss terms, nats.
+
+    Raises:
+        ValueError: unknown loss name.
+    """
+    loss = get_loss(name)
+    if loss.full_vocab:
+        return loss.per_token(logp_student_CV, logp_teacher_CV)
+    idx = token_C.unsqueeze(-1)
+    return loss.per_token(logp_student_CV.gather(-1, idx).squeeze(-1), logp_teacher_CV.gather(-1, idx).squeeze(-1))

@@ -1,14 +1,32 @@
-"""Tolerance verdict: does OPD under a mismatch end where the clean run ends?"""
+"""Tolerance verdicts: does OPD under a mismatch end where the clean run ends?
+
+`verdict` compares two runs' final held-out metrics; `verdict_table` finds, for every OPD run in a
+results frame, its clean baseline — the clean run that agrees on every `OPDConfig` field except
+the rollout ones (`mismatch.opd.config.comparison_key`) — and builds the one table that the CLI
+prints and the report writes.
+"""
 
 from __future__ import annotations
 
 import math
+
+import pandas as pd
+
+from mismatch.opd.config import comparison_key, rollout_label
+
+METRIC_COLUMNS = ("step", "metric", "value")
 
 
 def final_value(rows: list[dict], metric: str) -> float:
     """The metric's value at the last step that recorded it (NaN if none did)."""
     values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric]
     return max(values)[1] if values else math.nan
+
+
+def mean_value(rows: list[dict], metric: str) -> float:
+    """The metric's mean over the steps that recorded it (NaN if none did)."""
+    values = [r["value"] for r in rows if r["metric"] == metric]
+    return sum(values) / len(values) if values else math.nan
 
 
 def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.10,
@@ -36,3 +54,50 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.1
         ok = ok and out["acc_delta"] >= -acc_tol
     out["tolerated"] = bool(ok)
     return out
+
+
+def opd_runs(rows: pd.DataFrame) -> list[tuple[dict, list[dict]]]:
+    """`(config columns, metric rows)` of every OPD run in a tidy frame, in order of first appearance."""
+    out = []
+    for _, frame in rows.groupby("run_id", sort=False):
+        first = frame.iloc[0]
+        config = {k: first[k] for k in frame.columns if k not in ("level", "metric", "value", "step")}
+        out.append((config, frame[list(METRIC_COLUMNS)].to_dict("records")))
+    return out
+
+
+def run_label(config: dict) -> str:
+    """`clean`, the rollout spec, `spec + stale:K`, with the layer scope when it is not `linear`."""
+    label = rollout_label(str(config.get("rollout")), int(config.get("staleness", 0)))
+    layers = config.get("layers")
+    if label != "clean" and isinstance(layers, str) and layers not in ("", "linear"):
+        label += f" [{layers}]"
+    return label
+
+
+def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """One row per OPD run: what it trained under, where it ended, and its verdict.
+
+    Columns: run_id, pair, rollout (label), clean (bool), baseline (run_id of the clean run it is
+    judged against, "" if none), mismatch_kl (mean over steps of the per-step rollout/training KL on
+    the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
+    heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
+    runs and runs without a baseline).
+    """
+    runs = opd_runs(rows)
+    clean = {comparison_key(cfg): (cfg["run_id"], metrics) for cfg, metrics in runs if run_label(cfg) == "clean"}
+    table = []
+    for cfg, metrics in runs:
+        is_clean = run_label(cfg) == "clean"
+        base_id, base = clean.get(comparison_key(cfg), ("", None))
+        v = verdict(base, metrics, kl_tol=kl_tol, acc_tol=acc_tol) if base is not None and not is_clean else {}
+        table.append({"run_id": cfg["run_id"], "pair": cfg.get("pair"), "rollout": run_label(cfg), "clean": is_clean,
+                      "baseline": base_id if not is_clean else cfg["run_id"],
+                      "mismatch_kl": mean_value(metrics, "mismatch_kl"),
+                      "mismatch_logp_abs_diff_mean": mean_value(metrics, "mismatch_logp_abs_diff_mean"),
+                      "heldout_rkl": final_value(metrics, "heldout_rkl"),
+                      "heldout_accuracy": final_value(metrics, "heldout_accuracy"),
+                      "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),
+                      "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
+                      "tolerated": v.get("tolerated")})
+    return pd.DataFrame(table)

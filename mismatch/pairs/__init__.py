@@ -1,6 +1,18 @@
 """Student–teacher pairs: registry and loading (`registry`), tasks (`tasks`), offline builder
 (`build`), held-out accuracy (`evaluate`)."""
 
-from mismatch.pairs.registry import PAIRS, Pair, PairSpec, list_pairs, load_pair
+from mismatch.pairs.registry import (
+    PAIRS,
+    SYNTHETIC_RECIPES,
+    BuildReport,
+    Pair,
+    PairSpec,
+    build_and_compare,
+    describe_pairs,
+    list_pairs,
+    load_pair,
+    synthetic_recipe,
+)
 
-__all__ = ["PAIRS", "Pair", "PairSpec", "list_pairs", "load_pair"]
+__all__ = ["PAIRS", "SYNTHETIC_RECIPES", "BuildReport", "Pair", "PairSpec", "build_and_compare", "describe_pairs",
+           "list_pairs", "load_pair", "synthetic_recipe"]

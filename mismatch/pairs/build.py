@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrain
 
 from mismatch.errors import InputError
 from mismatch.models import LM, sha256_file
+from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.tasks import SyntheticTask
 from mismatch.tokenizer import byte_tokenizer
 
@@ -183,6 +184,30 @@ def supervised_steps(model: PreTrainedModel, examples: list[tuple[list[int], int
     return step
 
 
+def _warm_up_student(recipe: BuildRecipe, task: SyntheticTask, examples, warm_eval: list[str], tok,
+                     progress: Progress | None) -> tuple[PreTrainedModel, int, list[tuple[int, float]]]:
+    """Step 2: supervised warm-up of a fresh student until its temperature-1 samples reach
+    `student_target` exact match on `warm_eval` (checked every `student_eval_every` steps).
+    Returns the student, the steps taken and the curve `[(step, sampled accuracy)]`."""
+    student = init_model(recipe.student, recipe.seed + 1)
+    lm = LM(student, tok, "student")
+    curve: list[tuple[int, float]] = []
+
+    def student_step(step: int, _loss: float) -> bool:
+        if progress:
+            progress("student warm-up", step, recipe.student_max_steps)
+        if step % recipe.student_eval_every:
+            return False
+        acc = sampled_accuracy(lm, task, warm_eval, seed=recipe.seed + SAMPLE_SEED)
+        student.train()
+        curve.append((step, acc))
+        return acc >= recipe.student_target
+
+    steps = supervised_steps(student, examples, steps=recipe.student_max_steps, lr=recipe.student_lr,
+                             batch_size=recipe.batch_size, seed=recipe.seed + 1, on_step=student_step)
+    return student, steps, curve
+
+
 def train_pair(recipe: BuildRecipe, task: SyntheticTask,
                progress: Progress | None = None) -> tuple[PreTrainedModel, PreTrainedModel, dict]:
     """Train teacher and student of `recipe` (steps 1 and 2 of the module docstring).
@@ -194,8 +219,6 @@ def train_pair(recipe: BuildRecipe, task: SyntheticTask,
         (`student_accuracy`), the other of each for reference, the warm-up curve
         `[(step, sampled accuracy)]`, seconds and versions.
     """
-    from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
-
     if task.name != recipe.task:
         raise InputError(f"recipe is for task {recipe.task!r}, got {task.name!r}")
     start = time.perf_counter()
@@ -214,21 +237,7 @@ def train_pair(recipe: BuildRecipe, task: SyntheticTask,
                          if progress else None)
         teacher_acc = greedy_accuracy(LM(teacher, tok, "teacher"), task, held_out)
 
-        student = init_model(recipe.student, recipe.seed + 1)
-        warm_curve: list[tuple[int, float]] = []
-
-        def student_step(step: int, _loss: float) -> bool:
-            if progress:
-                progress("student warm-up", step, recipe.student_max_steps)
-            if step % recipe.student_eval_every:
-                return False
-            acc = sampled_accuracy(LM(student, tok, "student"), task, warm_eval, seed=recipe.seed + SAMPLE_SEED)
-            student.train()
-            warm_curve.append((step, acc))
-            return acc >= recipe.student_target
-
-        steps = supervised_steps(student, examples, steps=recipe.student_max_steps, lr=recipe.student_lr,
-                                 batch_size=recipe.batch_size, seed=recipe.seed + 1, on_step=student_step)
+        student, steps, warm_curve = _warm_up_student(recipe, task, examples, warm_eval, tok, progress)
         student_acc = sampled_accuracy(LM(student, tok, "student"), task, held_out, seed=recipe.seed + SAMPLE_SEED)
         student_greedy = greedy_accuracy(LM(student, tok, "student"), task, held_out)
         teacher_sampled = sampled_accuracy(LM(teacher, tok, "teacher"), task, held_out, seed=recipe.seed + SAMPLE_SEED)

@@ -19,6 +19,10 @@ Offline pairs (run here, no network):
 Presets for real checkpoints (hub ids from the local Hugging Face cache only): Qwen3-8B→1.7B,
 Qwen3-4B→0.6B, Llama-3.1-8B-Instruct→Llama-3.2-1B-Instruct. A user pair is a TOML file
 (`load_pair("my_pair.toml")`, keys in `TOML_KEYS`).
+
+Each pair kind (`pretrained`, `synthetic`, `preset`, `toml`) is registered once in `PAIR_KINDS`
+with its availability check and loader; `availability` and `load_pair` dispatch on
+`PairSpec.kind` through it.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ import json
 import shutil
 import tempfile
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
+
+from huggingface_hub import try_to_load_from_cache
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.models import LM, cache_dir, load, sha256_file
+from mismatch.models import LM, cache_dir, load, sha256_file, smollm2_gguf_path
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.tokenizer import vocab_fingerprint
@@ -82,7 +90,7 @@ class PairSpec:
     """A registry entry: what a pair is, before any weights are loaded."""
 
     name: str
-    kind: str  # pretrained | synthetic | preset | toml
+    kind: str  # a registered pair kind: pretrained | synthetic | preset | toml
     teacher: str
     student: str
     architecture: str
@@ -90,6 +98,51 @@ class PairSpec:
     description: str
     recipe: BuildRecipe | None = None
     params: tuple[str, str] = ("?", "?")  # nominal sizes (teacher, student)
+    source: Path | None = None  # the pair file of a `toml` pair
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairKind:
+    """One registered kind of pair.
+
+    Attributes:
+        name: the `PairSpec.kind` it serves.
+        availability: `spec -> None` when such a pair loads here offline, else what is missing.
+        load: `(spec, dtype, progress) -> Pair`, before the shared vocabulary check.
+        description: one line.
+    """
+
+    name: str
+    availability: Callable[[PairSpec], str | None]
+    load: Callable[[PairSpec, str, Progress | None], Pair]
+    description: str
+
+
+_PAIR_KINDS: dict[str, PairKind] = {}
+PAIR_KINDS: Mapping[str, PairKind] = MappingProxyType(_PAIR_KINDS)  # read-only view
+
+
+def register_pair_kind(kind: PairKind) -> PairKind:
+    """Register a pair kind under its name; returns it.
+
+    Raises:
+        ValueError: the name is already registered.
+    """
+    if kind.name in _PAIR_KINDS:
+        raise ValueError(f"pair kind {kind.name!r} is already registered")
+    _PAIR_KINDS[kind.name] = kind
+    return kind
+
+
+def pair_kind(spec: PairSpec) -> PairKind:
+    """The registered kind of `spec`.
+
+    Raises:
+        InputError: `spec.kind` is not registered.
+    """
+    if spec.kind not in _PAIR_KINDS:
+        raise InputError(f"pair {spec.name}: unknown kind {spec.kind!r}; valid: {', '.join(_PAIR_KINDS)}")
+    return _PAIR_KINDS[spec.kind]
 
 
 SYNTHETIC_RECIPES = {
@@ -136,24 +189,29 @@ TOML_KEYS = {"name", "student", "teacher", "prompts", "chat", "dtype", "teacher_
 
 
 def _in_hf_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
-def availability(spec: PairSpec) -> str | None:
-    """None when the pair can be loaded here without the network, else what is missing."""
-    if spec.kind == "preset":
-        missing = [r for r in (spec.teacher, spec.student) if not _in_hf_cache(r)]
-        return f"missing from the local Hugging Face cache: {', '.join(missing)}" if missing else None
-    if spec.kind == "pretrained":
-        from mismatch.models import smollm2_gguf_path
+def _preset_availability(spec: PairSpec) -> str | None:
+    missing = [r for r in (spec.teacher, spec.student) if not _in_hf_cache(r)]
+    return f"missing from the local Hugging Face cache: {', '.join(missing)}" if missing else None
 
-        try:
-            smollm2_gguf_path()
-        except ModelNotAvailableError as exc:
-            return str(exc)
-    return None  # synthetic pairs are committed or built here
+
+def _pretrained_availability(spec: PairSpec) -> str | None:
+    try:
+        smollm2_gguf_path()
+    except ModelNotAvailableError as exc:
+        return str(exc)
+    return None
+
+
+def _always_available(spec: PairSpec) -> str | None:
+    return None  # synthetic pairs are committed or built here; a TOML pair's paths are checked on load
+
+
+def availability(spec: PairSpec) -> str | None:
+    """None when the pair can be loaded here without the network, else what is missing (one line)."""
+    return pair_kind(spec).availability(spec)
 
 
 def list_pairs(include_unavailable: bool = False) -> list[str]:
@@ -198,12 +256,17 @@ def synthetic_dir(name: str, progress: Progress | None = None) -> tuple[Path, di
     return build_pair(name, progress=progress)
 
 
+def synthetic_recipe(name: str) -> BuildRecipe:
+    """The build recipe of a synthetic pair; `InputError` naming the buildable pairs otherwise."""
+    if name not in SYNTHETIC_RECIPES:
+        raise InputError(f"only synthetic pairs are built: {', '.join(SYNTHETIC_RECIPES)}; got {name!r}")
+    return SYNTHETIC_RECIPES[name]
+
+
 def build_pair(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> tuple[Path, dict]:
     """Build a synthetic pair from scratch into `out_dir` (default: its cache directory),
     replacing what is there only once the build succeeded. Returns the directory and manifest."""
-    if name not in SYNTHETIC_RECIPES:
-        raise InputError(f"only synthetic pairs are built: {', '.join(SYNTHETIC_RECIPES)}; got {name!r}")
-    recipe = SYNTHETIC_RECIPES[name]
+    recipe = synthetic_recipe(name)
     target = Path(out_dir) if out_dir is not None else cache_build_dir(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
@@ -227,6 +290,51 @@ def pair_sizes(spec: PairSpec) -> tuple[str, str]:
                 if manifest.get("recipe_hash") == spec.recipe.digest():
                     return f"{manifest['teacher_params'] / 1e3:.0f}k", f"{manifest['student_params'] / 1e3:.0f}k"
     return spec.params
+
+
+def describe_pairs() -> list[dict[str, str]]:
+    """One row per registered pair for listings: pair, kind, architecture, teacher, student,
+    params (teacher / student), task, here (yes/no) and what is missing when it does not load here."""
+    rows = []
+    for name, spec in PAIRS.items():
+        missing = availability(spec)
+        teacher_params, student_params = pair_sizes(spec)
+        rows.append({"pair": name, "kind": spec.kind, "architecture": spec.architecture, "teacher": spec.teacher,
+                     "student": spec.student, "params": f"{teacher_params} / {student_params}", "task": spec.task,
+                     "here": "yes" if missing is None else "no", "missing": missing or ""})
+    return rows
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """A finished build: where it went, its manifest, and whether it reproduced the committed
+    weights (None when there is nothing to compare with, or it replaced them)."""
+
+    name: str
+    directory: Path
+    manifest: dict
+    same_as_committed: bool | None
+
+    def summary(self) -> str:
+        """One line: accuracies, sizes, build time, destination, and the comparison."""
+        m = self.manifest
+        line = (f"{self.name}: held-out exact match teacher {m['teacher_accuracy']:.1%} (greedy) / "
+                f"student {m['student_accuracy']:.1%} (temperature-1 samples) "
+                f"({m['teacher_params']:,} / {m['student_params']:,} parameters), "
+                f"built in {m['build_seconds']:.0f} s -> {self.directory}")
+        if self.same_as_committed is None:
+            return line
+        return line + f"; identical to the committed weights: {'yes' if self.same_as_committed else 'no'}"
+
+
+def build_and_compare(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> BuildReport:
+    """`build_pair`, then compare the new weights' hashes with the committed build's."""
+    directory, manifest = build_pair(name, out_dir, progress)
+    committed = committed_dir(name) / "manifest.json"
+    same = None
+    if committed.is_file() and directory.resolve() != committed.parent.resolve():
+        same = json.loads(committed.read_text()).get("files") == manifest["files"]
+    return BuildReport(name, directory, manifest, same)
 
 
 # ---------------------------------------------------------------- loading
@@ -259,41 +367,51 @@ def load_pair(name: str, *, dtype: str = "fp32", progress: Progress | None = Non
         InputError: unknown name, bad TOML.
     """
     if name.endswith(".toml"):
-        return _load_toml(Path(name).expanduser(), dtype)
-    if name not in PAIRS:
-        raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
-    spec = PAIRS[name]
-    if spec.kind == "pretrained":
-        student, teacher = load("smollm2-135m", dtype=dtype), load("smollm2-135m", dtype=dtype)
-        task = TASKS["concise"]
-        pair = Pair(name=name, student=student, teacher=teacher, task=task, prompt_source=task, chat=True,
-                    teacher_context=CONCISE_CONTEXT, max_new_tokens=task.max_new_tokens,
-                    description=spec.description)
-    elif spec.kind == "synthetic":
-        directory, manifest = synthetic_dir(name, progress)
-        student = load(str(directory / "student"), dtype=dtype)
-        teacher = load(str(directory / "teacher"), dtype=dtype)
-        student = LM(student.model, student.tokenizer, f"{name}/student")
-        teacher = LM(teacher.model, teacher.tokenizer, f"{name}/teacher")
-        task = TASKS[spec.task]
-        pair = Pair(name=name, student=student, teacher=teacher, task=task, prompt_source=task,
-                    max_new_tokens=task.max_new_tokens, description=spec.description, info=manifest)
+        spec = toml_spec(Path(name).expanduser())
+    elif name in PAIRS:
+        spec = PAIRS[name]
     else:
-        missing = availability(spec)
-        if missing:
-            raise ModelNotAvailableError(
-                f"pair {name} needs {spec.teacher} and {spec.student} on disk ({missing}); download them "
-                f"where there is network (`hf download {spec.teacher}`) into this machine's Hugging Face "
-                "cache, or declare their directories in a pair .toml (see README)")
-        student, teacher = load(spec.student, dtype=dtype), load(spec.teacher, dtype=dtype)
-        source = PromptList.default()
-        pair = Pair(name=name, student=student, teacher=teacher, task=None, prompt_source=source, chat=True,
-                    max_new_tokens=256, description=spec.description)
-    check_same_vocabulary(pair.student, pair.teacher, name)
+        raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
+    pair = pair_kind(spec).load(spec, dtype, progress)
+    check_same_vocabulary(pair.student, pair.teacher, pair.name)
     return pair
 
 
-def _load_toml(path: Path, dtype: str) -> Pair:
+def _load_pretrained(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
+    """`smollm2-concise`: the same SmolLM2 weights twice; the teacher gets the concise context."""
+    student, teacher = load("smollm2-135m", dtype=dtype), load("smollm2-135m", dtype=dtype)
+    task = TASKS[spec.task]
+    return Pair(name=spec.name, student=student, teacher=teacher, task=task, prompt_source=task, chat=True,
+                teacher_context=CONCISE_CONTEXT, max_new_tokens=task.max_new_tokens, description=spec.description)
+
+
+def _load_synthetic(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
+    """A pair trained here: committed weights, or the cache (built there first if needed)."""
+    directory, manifest = synthetic_dir(spec.name, progress)
+    student = load(str(directory / "student"), dtype=dtype)
+    teacher = load(str(directory / "teacher"), dtype=dtype)
+    student = LM(student.model, student.tokenizer, f"{spec.name}/student")
+    teacher = LM(teacher.model, teacher.tokenizer, f"{spec.name}/teacher")
+    task = TASKS[spec.task]
+    return Pair(name=spec.name, student=student, teacher=teacher, task=task, prompt_source=task,
+                max_new_tokens=task.max_new_tokens, description=spec.description, info=manifest)
+
+
+def _load_preset(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
+    """Real checkpoints from the local Hugging Face cache, prompted with the default prompt list."""
+    missing = _preset_availability(spec)
+    if missing:
+        raise ModelNotAvailableError(
+            f"pair {spec.name} needs {spec.teacher} and {spec.student} on disk ({missing}); download them "
+            f"where there is network (`hf download {spec.teacher}`) into this machine's Hugging Face "
+            "cache, or declare their directories in a pair .toml (see README)")
+    student, teacher = load(spec.student, dtype=dtype), load(spec.teacher, dtype=dtype)
+    return Pair(name=spec.name, student=student, teacher=teacher, task=None, prompt_source=PromptList.default(),
+                chat=True, max_new_tokens=256, description=spec.description)
+
+
+def _read_toml(path: Path) -> dict:
+    """A pair file's keys, checked: it exists, parses, has only `TOML_KEYS` and the required ones."""
     if not path.is_file():
         raise InputError(f"pair file not found: {path}")
     try:
@@ -306,24 +424,50 @@ def _load_toml(path: Path, dtype: str) -> Pair:
     missing = sorted({"student", "teacher", "prompts"} - set(cfg))
     if missing:
         raise InputError(f"{path}: missing key(s) {', '.join(missing)}")
+    for role in ("teacher", "student"):
+        if cfg.get(f"{role}_system") is not None and not cfg.get("chat", True):
+            raise InputError(f"{path}: {role}_system needs chat = true")
+    return cfg
+
+
+def toml_spec(path: Path) -> PairSpec:
+    """The `PairSpec` of a user pair file (checked; no weights loaded).
+
+    Raises:
+        InputError: the file is missing, not TOML, or has unknown / missing keys.
+    """
+    cfg = _read_toml(path)
+    return PairSpec(name=str(cfg.get("name", path.stem)), kind="toml", teacher=str(cfg["teacher"]),
+                    student=str(cfg["student"]), architecture="from the checkpoints", task="prompts",
+                    description=f"user pair from {path}", source=path)
+
+
+def _load_toml(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
+    """A user pair: checkpoints (paths relative to the file, or hub ids) and a prompt file."""
+    path = spec.source
+    if path is None:
+        raise InputError(f"pair {spec.name}: a toml pair needs its pair file (PairSpec.source)")
+    cfg = _read_toml(path)
 
     def resolve(value: str) -> str:  # paths are relative to the TOML file; hub ids stay as they are
         candidate = (path.parent / value).expanduser()
         return str(candidate) if candidate.exists() else value
 
-    name = str(cfg.get("name", path.stem))
     dtype = cfg.get("dtype", dtype)
     student, teacher = load(resolve(cfg["student"]), dtype=dtype), load(resolve(cfg["teacher"]), dtype=dtype)
-    chat = bool(cfg.get("chat", True))
-    contexts = {}
-    for role in ("teacher", "student"):
-        system = cfg.get(f"{role}_system")
-        if system is not None and not chat:
-            raise InputError(f"{path}: {role}_system needs chat = true")
-        contexts[role] = (("system", str(system)),) if system else ()
-    pair = Pair(name=name, student=student, teacher=teacher, task=None,
-                prompt_source=PromptList.from_file(path.parent / cfg["prompts"]), chat=chat,
+    contexts = {role: (("system", str(cfg[f"{role}_system"])),) if cfg.get(f"{role}_system") else ()
+                for role in ("teacher", "student")}
+    return Pair(name=spec.name, student=student, teacher=teacher, task=None,
+                prompt_source=PromptList.from_file(path.parent / cfg["prompts"]), chat=bool(cfg.get("chat", True)),
                 teacher_context=contexts["teacher"], student_context=contexts["student"],
-                max_new_tokens=int(cfg.get("max_new_tokens", 256)), description=f"user pair from {path}")
-    check_same_vocabulary(student, teacher, name)
-    return pair
+                max_new_tokens=int(cfg.get("max_new_tokens", 256)), description=spec.description)
+
+
+register_pair_kind(PairKind(name="pretrained", availability=_pretrained_availability, load=_load_pretrained,
+                            description="context distillation on the real SmolLM2-135M-Instruct weights"))
+register_pair_kind(PairKind(name="synthetic", availability=_always_available, load=_load_synthetic,
+                            description="small models trained here from scratch (committed or cached weights)"))
+register_pair_kind(PairKind(name="preset", availability=_preset_availability, load=_load_preset,
+                            description="real checkpoints from the local Hugging Face cache only"))
+register_pair_kind(PairKind(name="toml", availability=_always_available, load=_load_toml,
+                            description="a user pair declared in a .toml file (keys in TOML_KEYS)"))

@@ -30,8 +30,10 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass
+from importlib import resources
 
 from mismatch.errors import InputError
+from mismatch.rollout import read_prompts
 
 SPLITS = ("train", "held_out")
 HELD_OUT_SHARE = 5  # one problem in 5 is held out
@@ -76,6 +78,11 @@ class SyntheticTask:
         if len(seen) < n:
             raise InputError(f"task {self.name} has fewer than {n} distinct {split} problems")
         return list(seen)
+
+    def count(self, split: str) -> int:
+        """How many prompts of `split` the task can give: unbounded in practice (draws are random)."""
+        _check_split(split)
+        return 10 ** 9
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         """1.0 where the response equals the correct answer exactly, else 0.0."""
@@ -163,6 +170,11 @@ class ConciseTask:
     def all_prompts(self) -> list[str]:
         return [tpl.format(t=topic) for topic in _TOPICS for tpl in _TEMPLATES]
 
+    def count(self, split: str) -> int:
+        """How many prompts of `split` there are."""
+        _check_split(split)
+        return sum(split_of(p) == split for p in self.all_prompts())
+
     def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
         """`n` distinct prompts of `split` in an order shuffled by `seed`."""
         _check_split(split)
@@ -188,16 +200,17 @@ class PromptList:
 
     @classmethod
     def from_file(cls, path) -> PromptList:
-        from mismatch.rollout import read_prompts
-
         return cls(tuple(dict.fromkeys(read_prompts(path))))
 
     @classmethod
     def default(cls) -> PromptList:
         """The 36 chat prompts shipped with mismatch (`mismatch/data/prompts.txt`)."""
-        from importlib import resources
-
         return cls.from_file(resources.files("mismatch") / "data" / "prompts.txt")
+
+    def count(self, split: str) -> int:
+        """How many prompts of `split` the list holds."""
+        _check_split(split)
+        return sum(split_of(p) == split for p in self.items)
 
     def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
         """`n` distinct prompts of `split` in an order shuffled by `seed`."""

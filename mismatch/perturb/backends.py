@@ -1,9 +1,12 @@
 """Real quantized modules from bitsandbytes and optimum-quanto, swapped in for linear layers.
 
 bitsandbytes (0.50): `bnb-int8` is `Linear8bitLt` (LLM.int8(), outlier threshold 6.0, as
-`transformers`' `BitsAndBytesConfig` defaults; it casts fp32 activations to fp16), `bnb-nf4` / `bnb-fp4` are `Linear4bit` with fp32
-compute. Weights are quantized when the module is moved to its device (`.to("cpu")` runs the
-CPU kernels here); modules run in eval mode, which `Linear8bitLt` needs to quantize activations.
+`transformers`' `BitsAndBytesConfig` defaults; it casts fp32 activations to fp16), `bnb-nf4` /
+`bnb-fp4` are `Linear4bit` with fp32 compute. Weights are quantized when the module is moved to
+its device (`.to("cpu")` runs the CPU kernels here); modules run in eval mode, which
+`Linear8bitLt` needs to quantize activations. LLM.int8() announces that cast on every call through
+`logging` (not `warnings`): a logging filter drops that one notice around each swapped module's
+forward only (a pre-hook adds it, a post-hook that runs even when forward raises removes it).
 
 optimum-quanto (0.2.7): `quanto-int8|int4|fp8` are `QLinear` with qint8 / qint4 / qfloat8 weights,
 frozen. `:a8` adds qint8 activations, whose static scales quanto calibrates on data: pass
@@ -11,35 +14,65 @@ frozen. `:a8` adds qint8 activations, whose static scales quanto calibrates on d
 `torch.inference_mode`).
 
 The original modules are never modified: each swap builds a new module from a copy of the
-weights, and the snapshot keeps the original object for `restore_`.
+weights, and the snapshot keeps the original object for `restore_`. Registers `bnb-int8|nf4|fp4`
+and `quanto-int8|int4|fp8`.
 """
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import torch
 from torch import nn
 
 from mismatch.errors import InputError
-from mismatch.perturb.spec import BnbConfig, QuantoConfig
+from mismatch.perturb.configs import BnbConfig, QuantoConfig
+from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
+from mismatch.perturb.snapshot import Snapshot, named_targets, swap_module_, weight_out_in
 
-# LLM.int8() casts fp32 inputs to fp16 by design and warns on every call: known, documented above.
-warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast from")
+# bitsandbytes 0.50 logs "MatMul8bitLt: inputs will be cast from torch.float32 to float16 during
+# quantization" (logger.warning) on every Linear8bitLt call with non-fp16 inputs.
+_INT8_CAST_LOGGER = logging.getLogger("bitsandbytes.autograd._functions")
+INT8_CAST_NOTICE = "MatMul8bitLt: inputs will be cast from"
 
 
-def _as_linear(module: nn.Module, weight_out_in: torch.Tensor) -> nn.Linear:
-    out_f, in_f = weight_out_in.shape
-    lin = nn.Linear(in_f, out_f, bias=module.bias is not None, dtype=weight_out_in.dtype)
+class _DropInt8CastNotice(logging.Filter):
+    """Drops LLM.int8()'s fp32 → fp16 cast notice (known and documented above), nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(INT8_CAST_NOTICE)
+
+
+_DROP_INT8_CAST_NOTICE = _DropInt8CastNotice()
+
+
+def _quiet_int8_cast_(snap: Snapshot, module: nn.Module) -> None:
+    """Drop the cast notice while `module` runs forward, and only then."""
+
+    def pre_hook(_module, _args) -> None:
+        _INT8_CAST_LOGGER.addFilter(_DROP_INT8_CAST_NOTICE)
+
+    def post_hook(_module, _args, _output) -> None:
+        _INT8_CAST_LOGGER.removeFilter(_DROP_INT8_CAST_NOTICE)
+
+    snap.hooks.append(module.register_forward_pre_hook(pre_hook))
+    snap.hooks.append(module.register_forward_hook(post_hook, always_call=True))
+
+
+def _as_linear(module: nn.Module) -> nn.Linear:
+    """A plain fp32 `nn.Linear` holding a copy of a linear layer's weight (`[out, in]`) and bias."""
+    w = weight_out_in(module).float()
+    out_f, in_f = w.shape
+    lin = nn.Linear(in_f, out_f, bias=module.bias is not None, dtype=w.dtype)
     with torch.no_grad():
-        lin.weight.copy_(weight_out_in)
+        lin.weight.copy_(w)
         if module.bias is not None:
             lin.bias.copy_(module.bias.detach())
     return lin
 
 
 def _bnb_module(lin: nn.Linear, config: BnbConfig, device: torch.device) -> nn.Module:
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # heavy optional backend: imported on first use
 
     w = lin.weight.detach().clone()
     if config.method == "int8":
@@ -55,40 +88,52 @@ def _bnb_module(lin: nn.Linear, config: BnbConfig, device: torch.device) -> nn.M
     return q.to(device).eval()  # .to() quantizes
 
 
-def _quanto_module(lin: nn.Linear, config: QuantoConfig) -> nn.Module:
-    from optimum.quanto import QLinear, qfloat8, qint4, qint8
+def _apply_bnb_(config: BnbConfig, model: nn.Module, names: list[str], snap: Snapshot,
+                ctx: ApplyContext) -> None:
+    device = next(model.parameters()).device
+    for name, module in named_targets(model, names):
+        q = _bnb_module(_as_linear(module), config, device)
+        if config.method == "int8":
+            _quiet_int8_cast_(snap, q)
+        swap_module_(snap, model, name, q)
 
-    weights = {"int8": qint8, "int4": qint4, "fp8": qfloat8}[config.weights]
-    return QLinear.from_module(lin, weights=weights, activations=qint8 if config.activations else None).eval()
 
+def _apply_quanto_(config: QuantoConfig, model: nn.Module, names: list[str], snap: Snapshot,
+                   ctx: ApplyContext) -> None:
+    from optimum.quanto import Calibration, QLinear, qfloat8, qint4, qint8  # heavy optional backend
 
-def swap_(model: nn.Module, config: BnbConfig | QuantoConfig, names: list[str], snap,
-          calibration_ids: torch.Tensor | None = None) -> None:
-    """Replace the named linear modules of `model` by quantized ones, recording originals in `snap`."""
-    from mismatch.perturb.apply import weight_out_in
-
-    if isinstance(config, QuantoConfig) and config.activations and calibration_ids is None:
+    if config.activations and ctx.calibration_ids is None:
         raise InputError(f"{config} quantizes activations with calibrated static scales: "
                          "pass calibration_ids (token ids [B, T]) to perturb")
-    modules = dict(model.named_modules())
-    device = next(model.parameters()).device
-    swapped = []
-    for name in names:
-        module = modules[name]
-        if module.weight.dtype != torch.float32 and isinstance(config, QuantoConfig):
+    targets = named_targets(model, names)
+    for name, module in targets:
+        if module.weight.dtype != torch.float32:
             raise InputError(f"{config} expects an fp32 model, {name} is {module.weight.dtype}")
-        lin = _as_linear(module, weight_out_in(module).float())
-        q = _bnb_module(lin, config, device) if isinstance(config, BnbConfig) else _quanto_module(lin, config)
-        parent_name, _, child = name.rpartition(".")
-        parent = modules[parent_name] if parent_name else model
-        snap.modules.append((parent, child, module))
-        setattr(parent, child, q)
+    device = next(model.parameters()).device
+    weights = {"int8": qint8, "int4": qint4, "fp8": qfloat8}[config.weights]
+    swapped = []
+    for name, module in targets:
+        q = QLinear.from_module(_as_linear(module), weights=weights,
+                                activations=qint8 if config.activations else None).eval()
+        swap_module_(snap, model, name, q)
         swapped.append(q)
-    if isinstance(config, QuantoConfig):
-        if config.activations:
-            from optimum.quanto import Calibration
+    if config.activations:
+        with torch.no_grad(), Calibration():
+            model(input_ids=ctx.calibration_ids.to(device), use_cache=False)
+    for q in swapped:
+        q.freeze()
 
-            with torch.no_grad(), Calibration():
-                model(input_ids=calibration_ids.to(device), use_cache=False)
-        for q in swapped:
-            q.freeze()
+
+register_kind(Kind(
+    names=("bnb-int8", "bnb-nf4", "bnb-fp4"), config=BnbConfig, parse=BnbConfig.from_spec, apply=_apply_bnb_,
+    backend=Backend.BITSANDBYTES, usage=("bnb-int8", "bnb-nf4", "bnb-fp4"),
+    description="real bitsandbytes `Linear8bitLt` (LLM.int8(), threshold 6; fp32 activations cast to fp16) / "
+                "`Linear4bit` (fp32 compute)",
+    examples=("bnb-int8", "bnb-nf4", "bnb-fp4")))
+
+register_kind(Kind(
+    names=("quanto-int8", "quanto-int4", "quanto-fp8"), config=QuantoConfig, parse=QuantoConfig.from_spec,
+    apply=_apply_quanto_, backend=Backend.QUANTO, usage=("quanto-int8", "quanto-int4", "quanto-fp8", "…:a8"),
+    description="real optimum-quanto `QLinear` with qint8 / qint4 / qfloat8 weights; `:a8` adds qint8 activations "
+                "whose static scales are calibrated on `calibration_ids` (the probed batch)",
+    examples=("quanto-int8", "quanto-int4", "quanto-fp8", "quanto-int8:a8", "quanto-fp8:a8")))

@@ -7,9 +7,21 @@ import pytest
 import torch
 
 import mismatch
-from mismatch.opd.losses import full_fkl, full_rkl, pg_rkl, tis_weights, token_loss
+from mismatch.opd import losses
+from mismatch.opd.losses import (
+    LOSS_REGISTRY,
+    LOSSES,
+    Loss,
+    full_fkl,
+    full_rkl,
+    pg_rkl,
+    register_loss,
+    tis_weights,
+    token_loss,
+)
 from mismatch.opd.recipe import loss_backward, teacher_hidden
-from mismatch.rollout import position_ids, sample
+from mismatch.positions import position_ids
+from mismatch.rollout import sample
 
 
 def test_pg_rkl_value_and_gradient_by_hand():
@@ -56,8 +68,53 @@ def test_tis_weights_truncate_and_carry_no_gradient():
 
 
 def test_unknown_loss():
-    with pytest.raises(ValueError, match="unknown loss 'kl'.*pg-rkl"):
+    with pytest.raises(ValueError, match="unknown loss 'kl'.*pg-rkl") as info:
         token_loss("kl", torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))
+    assert str(info.value) == "unknown loss 'kl'; valid: pg-rkl, full-rkl, full-fkl"
+
+
+def test_loss_registry():
+    assert LOSSES == tuple(LOSS_REGISTRY) == ("pg-rkl", "full-rkl", "full-fkl")
+    assert {name: loss.full_vocab for name, loss in LOSS_REGISTRY.items()} == {
+        "pg-rkl": False, "full-rkl": True, "full-fkl": True}
+    assert all(loss.name == name and loss.description and "\n" not in loss.description
+               for name, loss in LOSS_REGISTRY.items())
+    with pytest.raises(ValueError, match="'pg-rkl' is already registered"):
+        register_loss(Loss(name="pg-rkl", per_token=pg_rkl, full_vocab=False, description="again"))
+    with pytest.raises(TypeError):
+        LOSS_REGISTRY["x"] = LOSS_REGISTRY["pg-rkl"]  # read-only view
+
+
+def test_token_loss_is_the_registered_formula_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    ls = torch.log_softmax(torch.randn(5, 11, generator=gen), -1)
+    lt = torch.log_softmax(torch.randn(5, 11, generator=gen), -1)
+    y = torch.randint(0, 11, (5,), generator=gen)
+    rows = torch.arange(5)
+    assert torch.equal(token_loss("pg-rkl", ls, lt, y), pg_rkl(ls[rows, y], lt[rows, y]))
+    assert torch.equal(token_loss("full-rkl", ls, lt, y), full_rkl(ls, lt))
+    assert torch.equal(token_loss("full-fkl", ls, lt, y), full_fkl(ls, lt))
+
+
+@pytest.mark.parametrize("full_vocab", [False, True])
+def test_token_loss_dispatches_through_the_registry(monkeypatch, full_vocab):
+    seen = []
+
+    def spy(a, b):
+        seen.append((a, b))
+        return a.sum(-1) if full_vocab else a
+
+    monkeypatch.setitem(losses._REGISTRY, "spy", Loss(name="spy", per_token=spy, full_vocab=full_vocab,
+                                                      description="test"))
+    ls, lt = torch.arange(6.0).view(2, 3), -torch.arange(6.0).view(2, 3)
+    token_loss("spy", ls, lt, torch.tensor([2, 0]))
+    [(a, b)] = seen
+    if full_vocab:
+        assert a is ls and b is lt
+    else:
+        assert a.tolist() == [2.0, 3.0] and b.tolist() == [-2.0, -3.0]  # the sampled tokens' log-probs
+    with pytest.raises(ValueError, match="valid: pg-rkl, full-rkl, full-fkl, spy"):
+        token_loss("kl", ls, lt, torch.tensor([0, 0]))
 
 
 def _direct_loss(student, teacher, batch, loss, logp_r=None, cap=None):

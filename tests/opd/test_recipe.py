@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -11,7 +10,9 @@ import mismatch
 from mismatch.cli import app
 from mismatch.opd import OPDConfig, train
 from mismatch.opd.losses import tis_weights
-from mismatch.opd.recipe import loss_backward, lr_factor, teacher_hidden
+from mismatch.opd.config import lr_factor
+from mismatch.opd.recipe import loss_backward, teacher_hidden
+from mismatch.results import read_results
 from mismatch.rollout import sample
 
 runner = CliRunner()
@@ -37,6 +38,7 @@ def test_identical_policies_give_unit_tis_weights_and_zero_mismatch():
         assert set(_by(rows, metric).values()) == {0.0}, metric
 
 
+@pytest.mark.slow
 def test_stale_zero_reproduces_the_clean_run_bit_for_bit():
     clean = train(OPDConfig(**SHORT))
     stale0 = train(OPDConfig(**SHORT, rollout="stale:0"))
@@ -71,7 +73,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
                               "--steps", "1", "--out", str(tmp_path / "bad")])
     assert res.exit_code == 2 and "selects no linear module" in res.output
     assert res.output.strip().count("\n") == 0  # one line (after the progress bar's blank one)
-    assert not (tmp_path / "bad" / "metrics.parquet").exists()
+    assert not list(tmp_path.glob("bad/*.parquet"))
 
 
 def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
@@ -91,11 +93,12 @@ def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
     res = runner.invoke(app, ["opd", "--pair", "reverse-qwen3", "--steps", "5", "--batch-size", "4",
                               "--eval-prompts", "8", "--out", str(out)])
     assert res.exit_code != 0
-    rows = pd.read_parquet(out / "metrics.parquet")
+    rows = read_results(out)
     assert sorted(rows["step"].unique()) == [0, 1, 2]  # the evaluation at 0 and two finished steps
-    assert set(rows["pair"]) == {"reverse-qwen3"} and "git_sha" in rows
+    assert set(rows["pair"]) == {"reverse-qwen3"} and rows["git_sha"].notna().all()
 
 
+@pytest.mark.slow
 def test_clean_run_lowers_kl_and_raises_accuracy():
     """Measured (seed 0, 256 held-out prompts): reverse KL 2.433 → 1.521 nats (× 0.625) and exact
     match of the temperature-1 samples 25.0% → 36.7% (+11.7 points) after 40 steps of full-rkl at
@@ -127,3 +130,23 @@ def test_learning_rate_schedule():
     assert _by(rows, "lr") == pytest.approx(expected)
     with pytest.raises(ValueError, match="decay must be"):
         OPDConfig(pair="sort-gpt2", decay="linear")
+
+
+def test_saved_student_reloads_with_the_same_logits(tmp_path):
+    """`train(save_to=DIR)` writes a Hugging Face directory: `mismatch.load` and `transformers` load the
+    trained weights back (the same logits, bit for bit) with the same tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    pair = mismatch.load_pair("reverse-qwen3")
+    before = {k: v.clone() for k, v in pair.student.model.state_dict().items()}
+    train(OPDConfig(**{**SHORT, "steps": 2}), pair=pair, save_to=tmp_path / "student")
+    assert any(not torch.equal(before[k], v) for k, v in pair.student.model.state_dict().items())  # it trained
+    text = pair.prompts("held_out", 2)
+    ids = torch.tensor([pair.student.tokenizer(t)["input_ids"] for t in text[:1]])
+    with torch.no_grad():
+        trained = pair.student.model(input_ids=ids).logits
+        loaded = mismatch.load(str(tmp_path / "student"))
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "student").eval()
+        assert torch.equal(loaded.model(input_ids=ids).logits, trained)
+        assert torch.equal(hf(input_ids=ids).logits, trained)
+    assert [loaded.tokenizer(t)["input_ids"] for t in text] == [pair.student.tokenizer(t)["input_ids"] for t in text]

@@ -6,7 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch.cli import app
-from mismatch.opd.verdict import final_value, verdict
+from mismatch.opd.verdict import final_value, verdict, verdict_table
+from mismatch.results import read_results
 
 
 def _rows(kls, accs):
@@ -32,24 +33,25 @@ def test_verdict_thresholds():
     assert no_task["tolerated"] and math.isnan(no_task["acc_delta"])
 
 
+@pytest.mark.slow
 def test_cli_baseline_prints_every_run_and_its_verdict(tmp_path):
-    """Two rollouts against one clean baseline: three runs in one metrics file, and the printed
-    verdicts agree with the verdicts recomputed from those rows (`report_opd.opd_verdicts`)."""
-    import pandas as pd
-
-    from mismatch.report_opd import opd_verdicts
-
+    """Two rollouts against one clean baseline: three runs in one results dataset, and the printed
+    verdicts agree with the verdict table recomputed from those rows (what `mismatch report` writes)."""
     res = CliRunner().invoke(app, ["opd", "--pair", "reverse-qwen3", "--rollout", "noise:0.05", "--rollout",
                                    "stale:1", "--steps", "2", "--batch-size", "4", "--eval-prompts", "8",
-                                   "--eval-every", "2", "--baseline", "--out", str(tmp_path)], terminal_width=200)
+                                   "--eval-every", "2", "--baseline", "--out", str(tmp_path / "results"),
+                                   "--save", str(tmp_path / "students")], terminal_width=200)
     assert res.exit_code == 0, res.output
-    rows = pd.read_parquet(tmp_path / "metrics.parquet")
-    assert sorted(rows["rollout"].unique()) == ["noise:0.05", "none", "stale:1"]
-    table = opd_verdicts(rows).set_index("rollout")
-    assert list(table.index) == ["noise:0.05", "stale:1"]
+    rows = read_results(tmp_path / "results")
+    assert sorted(p.name for p in (tmp_path / "students").iterdir()) == ["clean", "noise_0.05", "stale_1"]
+    assert (tmp_path / "students" / "stale_1" / "model.safetensors").is_file()
+    assert sorted(rows["rollout"].unique()) == ["noise:0.05", "none", "stale:1"] and set(rows["kind"]) == {"opd"}
+    table = verdict_table(rows).set_index("rollout")
+    assert list(table.index) == ["clean", "noise:0.05", "stale:1"]
+    assert (table.loc[["noise:0.05", "stale:1"], "baseline"] == table.loc["clean", "run_id"]).all()
     lines = {line.split()[1]: line for line in res.output.splitlines() if line.startswith("│")}
     assert "baseline" in lines["clean"]
-    for label in table.index:
+    for label in ("noise:0.05", "stale:1"):
         expected = "TOLERATED" if table.loc[label, "tolerated"] else "NOT tolerated"
         assert expected in lines[label] and ("NOT" in lines[label]) == (expected != "TOLERATED")
         assert f"{table.loc[label, 'kl_ratio']:.3f}" in lines[label]

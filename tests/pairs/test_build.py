@@ -26,6 +26,7 @@ def _weights_hash(model) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SYNTHETIC_RECIPES))
 def test_building_twice_gives_identical_weights(name):
     recipe = _short(name)

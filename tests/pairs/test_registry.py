@@ -1,5 +1,6 @@
 """Pairs load offline with one vocabulary; accuracies within their bounds; presets and TOML pairs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,19 @@ from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchErr
 from mismatch.models import sha256_file
 from mismatch.pairs.build import parameter_count
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
-from mismatch.pairs.registry import PAIRS, SYNTHETIC_RECIPES, check_same_vocabulary, committed_dir
+from mismatch.pairs import registry
+from mismatch.pairs.registry import (
+    PAIR_KINDS,
+    PAIRS,
+    SYNTHETIC_RECIPES,
+    Pair,
+    PairSpec,
+    availability,
+    check_same_vocabulary,
+    committed_dir,
+    register_pair_kind,
+    toml_spec,
+)
 from mismatch.tokenizer import vocab_fingerprint
 
 runner = CliRunner()
@@ -178,6 +191,7 @@ def test_unknown_pair_is_a_clear_error():
         mismatch.load_pair("nope")
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_concise_pair_has_a_measurable_gap():
     """Same weights on both sides; only the teacher's context differs, and it changes behaviour.
@@ -193,3 +207,42 @@ def test_smollm2_concise_pair_has_a_measurable_gap():
     teacher = greedy_accuracy(pair.teacher, pair.task, prompts, chat=True, context=pair.teacher_context)
     student = greedy_accuracy(pair.student, pair.task, prompts, chat=True, context=pair.student_context)
     assert teacher >= 0.7 and student <= 0.15, (teacher, student)
+
+
+def test_every_pair_kind_is_registered_once():
+    assert list(PAIR_KINDS) == ["pretrained", "synthetic", "preset", "toml"]
+    assert {spec.kind for spec in PAIRS.values()} == {"pretrained", "synthetic", "preset"}
+    assert all(kind.name == name and kind.description for name, kind in PAIR_KINDS.items())
+    with pytest.raises(ValueError, match="'preset' is already registered"):
+        register_pair_kind(PAIR_KINDS["preset"])
+    with pytest.raises(TypeError):
+        PAIR_KINDS["x"] = PAIR_KINDS["toml"]  # read-only view
+
+
+def test_availability_and_loading_dispatch_on_the_kind(monkeypatch):
+    spec = PAIRS["qwen3-4b-to-0.6b"]
+    tiny = mismatch.load("tiny-llama")
+    loaded = []
+
+    def load(spec_, dtype, progress):
+        loaded.append((spec_, dtype, progress))
+        return Pair(name=spec_.name, student=tiny, teacher=tiny, task=None, prompt_source=None)
+
+    kind = dataclasses.replace(PAIR_KINDS["preset"], availability=lambda s: f"spy {s.name}", load=load)
+    monkeypatch.setitem(registry._PAIR_KINDS, "preset", kind)
+    assert availability(spec) == "spy qwen3-4b-to-0.6b"
+    assert "qwen3-4b-to-0.6b" not in mismatch.list_pairs()
+    pair = mismatch.load_pair("qwen3-4b-to-0.6b", dtype="bf16")
+    assert pair.name == "qwen3-4b-to-0.6b" and loaded == [(spec, "bf16", None)]
+    bogus = dataclasses.replace(spec, kind="bogus")
+    with pytest.raises(InputError, match="unknown kind 'bogus'; valid: pretrained, synthetic, preset, toml"):
+        availability(bogus)
+
+
+def test_toml_spec_describes_a_user_pair(tmp_path):
+    toml = tmp_path / "mine.toml"
+    toml.write_text('student = "s"\nteacher = "t"\nprompts = "p.txt"\n')
+    spec = toml_spec(toml)
+    assert (spec.name, spec.kind, spec.student, spec.teacher, spec.source) == ("mine", "toml", "s", "t", toml)
+    assert availability(spec) is None
+    assert isinstance(spec, PairSpec) and PAIR_KINDS[spec.kind].name == "toml"

@@ -1,11 +1,16 @@
 """perturb_/restore_/perturbed: exact restore, real backend modules, noise determinism."""
 
+import logging
+import warnings
+
 import pytest
 import torch
 
 import mismatch
 from mismatch.errors import InputError
-from mismatch.perturb import perturb_, perturbed, restore_
+from mismatch.perturb import is_perturbed, perturb_, perturbed, restore_
+from mismatch.perturb.apply import ACTIVE_PERTURBATIONS_KEY
+from mismatch.perturb.backends import INT8_CAST_NOTICE
 from tests.conftest import random_ids
 
 ALL_SPECS = ["fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
@@ -55,7 +60,7 @@ def test_restore_when_the_body_raises(tiny):
             with perturbed(lm.model, spec, layers="all", calibration_ids=ids):
                 raise RuntimeError("boom")
         _assert_restored(lm.model, before)
-        assert not lm.model.__dict__.get("_mismatch_active_perturbations")
+        assert not is_perturbed(lm.model) and ACTIVE_PERTURBATIONS_KEY not in lm.model.__dict__
 
 
 def test_tied_head_perturbation_leaves_embedding_alone(tiny):
@@ -110,6 +115,37 @@ def test_backends_swap_in_their_real_modules(tiny):
         with perturbed(lm.model, spec, calibration_ids=ids) as c:
             assert isinstance(dict(c.named_modules())[target], cls), spec
         assert type(dict(lm.model.named_modules())[target]) is torch.nn.Linear
+
+
+def test_bnb_int8_forward_is_quiet_and_unchanged(caplog):
+    """LLM.int8() logs a fp32 → fp16 cast notice on every call; it is dropped around the swapped
+    module's forward only, and the numbers are bnb's own."""
+    import bitsandbytes as bnb
+
+    def notices():
+        return [r for r in caplog.records if r.getMessage().startswith(INT8_CAST_NOTICE)]
+
+    caplog.set_level(logging.WARNING, logger="bitsandbytes")
+    cast_logger = logging.getLogger("bitsandbytes.autograd._functions")
+    lm = mismatch.load("tiny-llama")
+    ids = random_ids(2, 8)
+    with torch.no_grad(), perturbed(lm.model, "bnb-int8") as cand:
+        q = cand.get_submodule("model.layers.1.mlp.down_proj")
+        assert isinstance(q, bnb.nn.Linear8bitLt)
+        x = torch.randn(2, 8, q.in_features, generator=torch.Generator().manual_seed(0))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            hooked = q(x)
+            cand(ids)
+        assert [str(w.message) for w in seen if "MatMul8bitLt" in str(w.message)] == []
+        assert notices() == []
+        assert cast_logger.filters == []  # the filter lives around the forward only
+        with pytest.raises(RuntimeError):
+            q(x[..., :-1])  # a forward that raises still takes the filter away
+        assert cast_logger.filters == []
+        direct = bnb.nn.Linear8bitLt.forward(q, x)  # bnb's own forward, without the module's hooks
+        assert notices()  # ...does log the notice: the check above can fail
+        assert torch.equal(hooked, direct)
 
 
 def test_stale_and_missing_calibration_are_clear_errors(tiny):

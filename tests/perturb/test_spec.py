@@ -7,20 +7,39 @@ import pytest
 from mismatch.errors import InputError
 from mismatch.perturb.spec import KINDS, parse_spec
 
-CANONICAL = ["fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
-             "fp8-e5m2:block128,w8a8", "int8:channel", "int4:group128", "int4:group32", "dtype:bf16",
-             "dtype:fp16", "noise:0", "noise:0.03", "bnb-int8", "bnb-nf4", "bnb-fp4", "quanto-int8",
-             "quanto-int4", "quanto-fp8:a8", "stale:4"]
+# canonical spec -> the result columns its config flattens to (written out by hand)
+CANONICAL = {
+    "fp8-e4m3:tensor": {"fmt": "e4m3", "granularity": "tensor", "w8a8": False},
+    "fp8-e4m3:channel": {"fmt": "e4m3", "granularity": "channel", "w8a8": False},
+    "fp8-e4m3:block128": {"fmt": "e4m3", "granularity": "block128", "w8a8": False},
+    "fp8-e4m3:channel,w8a8": {"fmt": "e4m3", "granularity": "channel", "w8a8": True},
+    "fp8-e5m2:block128,w8a8": {"fmt": "e5m2", "granularity": "block128", "w8a8": True},
+    "int8:channel": {"bits": 8, "granularity": "channel"},
+    "int4:group128": {"bits": 4, "granularity": "group128"},
+    "int4:group32": {"bits": 4, "granularity": "group32"},
+    "dtype:bf16": {"dtype": "bf16"},
+    "dtype:fp16": {"dtype": "fp16"},
+    "noise:0": {"sigma": 0.0},
+    "noise:0.03": {"sigma": 0.03},
+    "bnb-int8": {"method": "int8"},
+    "bnb-nf4": {"method": "nf4"},
+    "bnb-fp4": {"method": "fp4"},
+    "quanto-int8": {"weights": "int8", "activations": False},
+    "quanto-int4": {"weights": "int4", "activations": False},
+    "quanto-fp8:a8": {"weights": "fp8", "activations": True},
+    "stale:4": {"steps": 4},
+}
 
 
-@pytest.mark.parametrize("spec", CANONICAL)
-def test_round_trip(spec):
+@pytest.mark.parametrize("spec,columns", CANONICAL.items())
+def test_round_trip(spec, columns):
     config = parse_spec(spec)
     assert str(config) == spec
     assert parse_spec(str(config)) == config
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(config, next(iter(dataclasses.asdict(config))), None)
-    assert dataclasses.asdict(config)  # flattens to result columns
+    assert dataclasses.asdict(config) == columns  # flattens to exactly these result columns
+    assert type(config)(**columns) == config  # and is rebuilt from them
 
 
 def test_aliases_and_defaults():
@@ -43,6 +62,7 @@ def test_bad_specs(spec, message):
     assert "\n" not in str(info.value)
 
 
-def test_every_kind_is_documented():
-    assert set(KINDS) == {"fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
-                          "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "stale"}
+def test_every_kind_is_registered_in_order():
+    assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
+                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "stale")
+    assert {spec.partition(":")[0] for spec in CANONICAL} == set(KINDS)

@@ -1,0 +1,106 @@
+"""Rich tables the CLI prints: pure functions from library results to `rich.table.Table`s.
+
+Kept apart from `cli.py` so that the CLI reads as options → one library call → print.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mismatch.models import context_length
+from mismatch.pairs.build import parameter_count
+from mismatch.probe_runs import CandidateResult, ProbeConfig
+
+SUMMARY_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "kl_fwd_max", "tv_mean", "top1_agree", "logp_abs_diff_mean",
+                   "is_ratio_outside_frac", "chi2_token")
+
+
+def progress_bar(console: Console) -> Progress:
+    """A transient bar: description, bar, done/total, elapsed time and a free `info` field."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[info]}"), console=console, transient=True)
+
+
+def wrote(console: Console, *paths) -> None:
+    """`wrote PATH` on `console` for each path that is not None."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {path}", highlight=False)
+
+
+def models_table(models: dict[str, str]) -> Table:
+    """The built-in model specs and their descriptions."""
+    table = Table("spec", "description", title="built-in models")
+    for name, desc in models.items():
+        table.add_row(name, desc)
+    return table
+
+
+def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
+    """The isolation map (block × spec KL), one run's full summary, or one line per candidate."""
+    specs = list(config.perturb)
+    if config.each_layer:
+        by = {(c.perturb, c.layers): c.result for c in results}
+        table = Table("block", *specs, title=escape(f"{config.reference}: kl_fwd_mean with one block perturbed"))
+        for scope in dict.fromkeys(c.layers for c in results):
+            table.add_row(scope, *(f"{by[spec, scope].summary['kl_fwd_mean']:.4g}" for spec in specs))
+        return table
+    if len(results) == 1:
+        label = specs[0] if specs else f"{config.candidate} [{config.cand_dtype}]"
+        table = Table("metric", "value", title=escape(f"{label} vs {config.reference} [{config.ref_dtype}]"))
+        for key, value in results[0].result.summary.items():
+            table.add_row(key, f"{value:.6g}")
+        return table
+    table = Table("perturb", *SUMMARY_COLUMNS, title=escape(f"{config.reference} [{config.layers}]"))
+    for c in results:
+        table.add_row(escape(c.perturb), *(f"{c.result.summary[k]:.4g}" for k in SUMMARY_COLUMNS))
+    return table
+
+
+def verdict_table(table: pd.DataFrame, *, title: str, kl_tol: float, acc_tol: float, baseline: bool) -> Table:
+    """`mismatch.opd.verdict_table` as printed by `mismatch opd`: every run, with its verdict when
+    it has a clean baseline."""
+    columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
+    if baseline:
+        columns += [f"KL ratio (≤ {1 + kl_tol:.2f})", f"accuracy Δ (≥ {-100 * acc_tol:.0f} pts)", "verdict"]
+    out = Table(*columns, title=escape(title))
+    for row in table.itertuples():
+        cells = [escape(row.rollout), f"{row.heldout_rkl:.4g}", f"{row.heldout_accuracy:.1%}"]
+        if baseline and row.clean:
+            cells += ["1", "0", "baseline"]
+        elif baseline:
+            verdict = "no baseline" if row.tolerated is None else ("TOLERATED" if row.tolerated else "NOT tolerated")
+            cells += [f"{row.kl_ratio:.3f}", f"{100 * row.acc_delta:+.1f}", verdict]
+        out.add_row(*cells)
+    return out
+
+
+def pairs_table(rows: list[dict[str, str]]) -> Table:
+    """One line per pair: name, kind, architecture, teacher, student, sizes, task, loads here (the
+    rows of `mismatch.pairs.describe_pairs`; their `missing` notes are printed apart)."""
+    table = Table(title="student–teacher pairs")
+    table.add_column("pair", no_wrap=True)
+    for column in ("kind", "architecture", "teacher", "student", "params (T / S)", "task", "here"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(escape(str(v)) for k, v in row.items() if k != "missing"))
+    return table
+
+
+def pair_table(pair) -> Table:
+    """Teacher and student of a loaded pair side by side."""
+    table = Table("", "teacher", "student", title=escape(f"{pair.name}: {pair.description}"))
+    for label, fn in (("model", lambda lm: lm.name),
+                      ("architecture", lambda lm: lm.model.config.model_type),
+                      ("parameters", lambda lm: f"{parameter_count(lm.model):,}"),
+                      ("vocabulary", lambda lm: f"{lm.model.get_output_embeddings().weight.shape[0]:,}"),
+                      ("context", lambda lm: str(context_length(lm.model)))):
+        table.add_row(label, escape(fn(pair.teacher)), escape(fn(pair.student)))
+    table.add_row("context turns", str(len(pair.teacher_context)), str(len(pair.student_context)))
+    table.caption = escape(f"task: {getattr(pair.task, 'name', 'none (KL only)')}; chat: {pair.chat}; "
+                           f"max new tokens: {pair.max_new_tokens}")
+    return table

@@ -1,0 +1,121 @@
+"""The configuration of one OPD run (`OPDConfig`) and its learning-rate schedule.
+
+A config holds data only (names, numbers), flattens to result columns (`dataclasses.asdict`) and
+is hashed into the run's id (`mismatch.results.run_id`). Its fields split in two: the rollout
+fields (`ROLLOUT_FIELDS`: which copy of the student generates the rollouts) and everything else;
+two runs that agree on everything else are comparable, and the one with a clean rollout is the
+other's baseline (`comparison_key`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from mismatch.opd.losses import LOSSES
+from mismatch.opd.ring import split_rollout_spec
+
+ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
+
+
+@dataclass(frozen=True, kw_only=True)
+class OPDConfig:
+    """One OPD run. Flattens to result columns (`dataclasses.asdict`)."""
+
+    pair: str
+    rollout: str = "none"  # perturbation spec of the rollout copy, `stale:K`, or none
+    staleness: int = 0  # K: rollouts from weights K optimizer steps old
+    layers: str = "linear"  # scope of the rollout perturbation
+    loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (README)
+    steps: int = 120
+    batch_size: int = 128  # prompts per step
+    lr: float = 1e-3
+    warmup_steps: int = 10  # linear learning-rate warm-up: a fresh AdamW's first steps move every weight by ~lr
+    decay: str = "cosine"  # after warm-up: cosine to final_lr_frac·lr at the last step, or constant
+    final_lr_frac: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    top_p: float | None = None
+    tis_cap: float | None = None  # truncated importance sampling cap C; None = off
+    max_new_tokens: int | None = None  # None: the pair's
+    train_prompts: int = 4096  # pool of train-split prompts the batches are drawn from
+    eval_prompts: int = 128
+    eval_every: int = 10
+    clip: float = 2.0  # is_ratio_outside_frac counts r outside [1/clip, clip]
+    chunk_tokens: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; valid: {', '.join(LOSSES)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
+        for name in ("steps", "batch_size", "train_prompts", "eval_prompts", "eval_every", "chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.decay not in ("cosine", "constant"):
+            raise ValueError(f"decay must be cosine or constant, got {self.decay!r}")
+        if not 0 <= self.final_lr_frac <= 1:
+            raise ValueError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        if not self.lr > 0 or not self.temperature > 0:
+            raise ValueError("lr and temperature must be > 0")
+        split_rollout_spec(self.rollout, self.staleness)  # a bad spec fails here, before any work
+
+    @property
+    def rollout_spec(self) -> str | None:
+        """The rollout copy's perturbation spec, or None (no perturbation)."""
+        return split_rollout_spec(self.rollout, self.staleness)[0]
+
+    @property
+    def rollout_staleness(self) -> int:
+        """K, from `staleness` or a `stale:K` rollout spec."""
+        return split_rollout_spec(self.rollout, self.staleness)[1]
+
+    @property
+    def is_clean(self) -> bool:
+        """Rollouts from the student itself: no perturbation, no lag."""
+        return self.rollout_spec is None and self.rollout_staleness == 0
+
+    def clean(self) -> OPDConfig:
+        """The same run with clean rollouts: its baseline."""
+        return dataclasses.replace(self, rollout="none", staleness=0, layers=OPDConfig.layers)
+
+
+COMPARISON_FIELDS = tuple(f.name for f in dataclasses.fields(OPDConfig) if f.name not in ROLLOUT_FIELDS)
+
+
+def comparison_key(config: dict[str, object]) -> tuple[str, ...]:
+    """The values of every non-rollout field (`COMPARISON_FIELDS`) of a config given as result
+    columns, normalised so that missing / None / NaN / "" (older files) compare equal."""
+    def norm(value: object) -> str:
+        if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+            return "None"
+        return str(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return tuple(norm(config.get(name)) for name in COMPARISON_FIELDS)
+
+
+def lr_factor(config: OPDConfig, step: int) -> float:
+    """Multiplier of `config.lr` at optimizer step `step` (1-based): linear warm-up over
+    `warmup_steps`, then constant or cosine decay reaching `final_lr_frac` at `config.steps` (the
+    decay settles the policy, so the final evaluation measures where the run ended rather than
+    where the last few steps threw it)."""
+    warm = min(1.0, step / (config.warmup_steps + 1))
+    if config.decay == "constant":
+        return warm
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, max(0.0, (step - config.warmup_steps) / span))
+    return warm * (config.final_lr_frac + (1 - config.final_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def rollout_label(rollout: str, staleness: int) -> str:
+    """`clean`, the rollout spec, or `spec + stale:K`."""
+    base = "clean" if rollout in ("", "none", "None", "nan") else rollout
+    if staleness:
+        return f"stale:{staleness}" if base == "clean" else f"{base} + stale:{staleness}"
+    return base

@@ -1,0 +1,106 @@
+"""OPD runs as a library verb: plan a set of runs, train them, write their rows to a results dataset.
+
+`plan` turns one base configuration and a list of rollout specs into the runs to do — the clean
+baseline first (when asked), each configuration once. `run_all` trains them one after the other,
+streams each run's tidy rows (`mismatch.results` schema, kind `opd`) into a results destination in
+flushes (one part per evaluation step, and whatever is left when a run ends or fails), and returns
+all rows. The CLI's `mismatch opd` is `plan` + `run_all` + `verdict_table`; a sweep calls the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from mismatch.errors import InputError
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.recipe import train
+from mismatch.opd.verdict import run_label
+from mismatch.results import ResultsWriter, provenance, tidy
+
+RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
+
+
+def make_config(**fields: object) -> OPDConfig:
+    """`OPDConfig(**fields)`, with a bad value reported as a one-line `InputError`."""
+    try:
+        return OPDConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc).splitlines()[0]) from None
+
+
+def plan(base: OPDConfig, rollouts: Sequence[str] = (), *, baseline: bool = False) -> list[OPDConfig]:
+    """The runs to do: `base` with each rollout spec (`base` itself if none), each once, with the
+    clean run (`base.clean()`) first when `baseline` is set.
+
+    Raises:
+        InputError: a rollout spec that does not parse.
+    """
+    configs = [make_config(**{**dataclasses.asdict(base), "rollout": r}) for r in rollouts] or [base]
+    runs = [base.clean()] if baseline else []
+    for config in configs:
+        if config not in runs and not (baseline and config.is_clean):
+            runs.append(config)
+    return runs
+
+
+def label(config: OPDConfig) -> str:
+    """The run's rollout label (`clean`, `fp8-e4m3`, `stale:4`, …)."""
+    return run_label(dataclasses.asdict(config))
+
+
+def save_dir(root: str | Path, configs: Sequence[OPDConfig], config: OPDConfig) -> Path:
+    """Where `run_all(save_to=root)` writes `config`'s final student: `root` itself for a single run,
+    else `root/<label>` (characters other than letters, digits, `.`, `_`, `-` become `_`)."""
+    if len(configs) == 1:
+        return Path(root)
+    return Path(root) / re.sub(r"[^A-Za-z0-9._-]+", "_", label(config))
+
+
+def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, overwrite: bool = False,
+            save_to: str | Path | None = None, progress: RunProgress | None = None) -> pd.DataFrame:
+    """Train every configuration (in order) and return their tidy rows (kind `opd`).
+
+    Args:
+        configs: from `plan`.
+        out: a results directory (parquet parts) or a `.parquet` / `.csv` file; None: keep in memory.
+        overwrite: start `out` afresh instead of appending to it.
+        save_to: write each final student as a Hugging Face directory (`save_dir`).
+        progress: `progress(run_index, label, step, steps, metrics)` after every step.
+
+    Returns:
+        All runs' rows; each run's rows are on disk (when `out` is given) as soon as they are
+        flushed, so a run that fails keeps every step it finished.
+    """
+    writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
+    stamp = provenance()
+    frames = []
+    for index, config in enumerate(configs):
+        columns = dataclasses.asdict(config)
+        pending: list[dict] = []
+
+        def flush(columns=columns, pending=pending) -> None:
+            if writer is not None and pending:
+                writer.write(tidy(pd.DataFrame(pending).assign(level="step"), kind="opd", config=columns, stamp=stamp))
+            pending.clear()
+
+        def on_rows(rows: list[dict], flush=flush, pending=pending) -> None:
+            pending.extend(rows)
+            if any(r["metric"] == "heldout_rkl" for r in rows):  # an evaluation step: a natural flush point
+                flush()
+
+        def on_step(step: int, steps: int, metrics: dict, index=index, name=label(config)) -> None:
+            if progress is not None:
+                progress(index, name, step, steps, metrics)
+
+        try:
+            rows = train(config, on_rows=on_rows, progress=on_step,
+                         save_to=None if save_to is None else save_dir(save_to, configs, config))
+        finally:
+            flush()
+        frames.append(tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=columns, stamp=stamp))
+    return pd.concat(frames, ignore_index=True)

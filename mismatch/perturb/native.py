@@ -1,0 +1,108 @@
+"""Torch-native perturbation kinds: FP8 and integer weight rounding, a lower dtype, weight noise.
+
+Each handler swaps new parameters (and forward hooks) into the selected linear layers through
+`mismatch.perturb.snapshot`, never writing into the model's tensors; the rounding recipes are in
+`mismatch.perturb.rounding`. Registers `fp8-e4m3` / `fp8-e5m2`, `int8` / `int4`, `dtype`, `noise`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from mismatch.models import parse_dtype
+from mismatch.perturb import rounding
+from mismatch.perturb.configs import DtypeConfig, FP8Config, IntConfig, NoiseConfig
+from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
+from mismatch.perturb.snapshot import Snapshot, named_targets, swap_param_, swap_weight_, weight_out_in
+
+
+def _fp8_activation_hook(fmt: str) -> Callable:
+    def pre_hook(_module, args):
+        return (rounding.round_fp8_per_token(args[0], fmt), *args[1:])
+    return pre_hook
+
+
+def _dtype_hooks(dtype: torch.dtype) -> tuple[Callable, Callable]:
+    """A pre-hook casting a layer's input to `dtype` and a post-hook casting its output back to the
+    input's dtype, which the pair remembers in its own closure (a stack: calls may nest)."""
+    in_dtypes: list[torch.dtype] = []
+
+    def pre_hook(_module, args):
+        in_dtypes.append(args[0].dtype)
+        return (args[0].to(dtype), *args[1:])
+
+    def post_hook(_module, _args, output):
+        return output.to(in_dtypes.pop())
+    return pre_hook, post_hook
+
+
+def _apply_fp8_(config: FP8Config, model: nn.Module, names: list[str], snap: Snapshot,
+                ctx: ApplyContext) -> None:
+    for _, module in named_targets(model, names):
+        swap_weight_(snap, module, rounding.round_fp8(weight_out_in(module), config.fmt, config.granularity))
+        if config.w8a8:
+            snap.hooks.append(module.register_forward_pre_hook(_fp8_activation_hook(config.fmt)))
+
+
+def _apply_int_(config: IntConfig, model: nn.Module, names: list[str], snap: Snapshot,
+                ctx: ApplyContext) -> None:
+    for _, module in named_targets(model, names):
+        swap_weight_(snap, module, rounding.round_int(weight_out_in(module), config.bits, config.group_size))
+
+
+def _apply_dtype_(config: DtypeConfig, model: nn.Module, names: list[str], snap: Snapshot,
+                  ctx: ApplyContext) -> None:
+    dtype = parse_dtype(config.dtype)
+    for _, module in named_targets(model, names):
+        swap_weight_(snap, module, weight_out_in(module).to(dtype))
+        if module.bias is not None:
+            swap_param_(snap, module, "bias", module.bias.detach().to(dtype))
+        pre, post = _dtype_hooks(dtype)
+        snap.hooks.append(module.register_forward_pre_hook(pre))
+        snap.hooks.append(module.register_forward_hook(post))
+
+
+def _apply_noise_(config: NoiseConfig, model: nn.Module, names: list[str], snap: Snapshot,
+                  ctx: ApplyContext) -> None:
+    """W ← W + σ·rms(W)·ε, ε ~ N(0, 1) drawn tensor by tensor in model order from one generator
+    seeded with `ctx.seed` (so a scope's draws do not depend on other scopes)."""
+    if config.sigma == 0:
+        return  # exactly the unperturbed model
+    gen = torch.Generator().manual_seed(ctx.seed)
+    for _, module in named_targets(model, names):
+        w = weight_out_in(module)
+        rms = w.float().pow(2).mean().sqrt()
+        eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+        swap_weight_(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype))
+
+
+register_kind(Kind(
+    names=("fp8-e4m3", "fp8-e5m2"), config=FP8Config, parse=FP8Config.from_spec, apply=_apply_fp8_,
+    backend=Backend.TORCH, usage=("fp8-e4m3:tensor|channel|block128", "fp8-e5m2:…", "…,w8a8"),
+    description="weights rounded through `torch.float8_e4m3fn` / `float8_e5m2` with an absmax scale per tensor / "
+                "output channel / 128×128 block (saturating), de-quantized, fp32 matmul; `w8a8` adds dynamic "
+                "per-token FP8 rounding of every targeted linear's input",
+    examples=("fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
+              "fp8-e5m2:channel", "fp8-e5m2:block128,w8a8")))
+
+register_kind(Kind(
+    names=("int8", "int4"), config=IntConfig, parse=IntConfig.from_spec, apply=_apply_int_,
+    backend=Backend.TORCH, usage=("int8:channel", "int4:group128", "…:groupN"),
+    description="symmetric integer rounding in torch, one absmax scale per output channel or per group of N "
+                "input columns",
+    examples=("int8:channel", "int4:group128", "int4:group32", "int8:group128", "int4:channel")))
+
+register_kind(Kind(
+    names=("dtype",), config=DtypeConfig, parse=DtypeConfig.from_spec, apply=_apply_dtype_,
+    backend=Backend.TORCH, usage=("dtype:bf16", "dtype:fp16"),
+    description="targeted linears run in that dtype (weights cast, inputs cast, outputs cast back)",
+    examples=("dtype:bf16", "dtype:fp16")))
+
+register_kind(Kind(
+    names=("noise",), config=NoiseConfig, parse=NoiseConfig.from_spec, apply=_apply_noise_,
+    backend=Backend.TORCH, usage=("noise:SIGMA",),
+    description="W ← W + σ·rms(W)·ε per weight tensor, ε ~ N(0, 1) from a generator seeded by `seed`",
+    examples=("noise:0", "noise:0.03", "noise:1e-05")))

@@ -1,0 +1,41 @@
+"""Reports from results datasets: one module per kind of figure set, reading results only.
+
+`write_reports(rows, out_dir)` splits a tidy results frame (`mismatch.results`) by run kind and
+hands each kind's rows to its writer:
+  * `probe` runs → `report.probe.write_probe_report` (summary.md, per_layer.png, kl_cdf.png,
+    layer_map.png);
+  * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md).
+Tolerance tables across seeds (the sweep) join as another writer here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from mismatch.report.common import markdown_table
+from mismatch.report.opd import write_opd_report
+from mismatch.report.probe import write_probe_report
+from mismatch.results import KINDS, of_kind, read_many
+
+
+def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
+                  ) -> list[Path]:
+    """Write every report the rows support into `out_dir`; return the files written, in order."""
+    written: list[Path] = []
+    present = set(rows["kind"].unique())
+    if "probe" in present:
+        written += write_probe_report(of_kind(rows, "probe"), out_dir)
+    if "opd" in present:
+        written += write_opd_report(of_kind(rows, "opd"), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+    return written
+
+
+def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
+           ) -> list[Path]:
+    """`mismatch report`: read results (directories or files, old ones too) and write the reports."""
+    return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+
+
+__all__ = ["KINDS", "markdown_table", "report", "write_opd_report", "write_probe_report", "write_reports"]

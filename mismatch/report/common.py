@@ -1,0 +1,61 @@
+"""What every report shares: Markdown tables, number formatting, and the axes/legend/figure style.
+
+Reports read result datasets only, never a model (STYLE.md rule 19).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+DPI = 120
+LEGEND_FONTSIZE = 8
+GRID_ALPHA = 0.3
+
+
+def fmt(value: float) -> str:
+    """A float in 4 significant digits, or scientific notation outside [1e-3, 1e5)."""
+    if isinstance(value, float) and (np.isinf(value) or np.isnan(value)):
+        return str(value)
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of `frame` (floats formatted compactly, everything else as text)."""
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in frame.iterrows():
+        lines.append("| " + " | ".join(fmt(v) if isinstance(v, float) else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def style_axes(ax, *, xlabel: str | None = None, ylabel: str | None = None, legend: bool = False) -> None:
+    """The house style of an axes: labels, a light grid, and a small legend when asked."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=GRID_ALPHA)
+    if legend:
+        ax.legend(fontsize=LEGEND_FONTSIZE)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write as PNG at the house resolution, close; return the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def subplots(ncols: int = 1, *, figsize: tuple[float, float]):
+    """A new figure with `ncols` axes side by side."""
+    return plt.subplots(1, ncols, figsize=figsize)

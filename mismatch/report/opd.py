@@ -1,0 +1,94 @@
+"""OPD reports: training curves and the tolerance verdict table. Reads results only, never a model.
+
+Every run is judged against the clean run that shares every `OPDConfig` field except the rollout
+ones (`mismatch.opd.verdict.verdict_table`, the same table `mismatch opd` prints).
+
+`write_opd_report(rows, out_dir)` writes
+  * `opd_curves.png` — held-out teacher–student reverse KL and held-out accuracy vs step, one line
+    per rollout configuration;
+  * `opd_verdicts.md` — per run: the mean training/rollout mismatch it trained under, final held-out
+    KL and accuracy, ratio and difference to clean, and the verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from mismatch.opd.verdict import final_value, opd_runs, run_label, verdict_table
+from mismatch.report.common import markdown_table, save_figure, style_axes, subplots
+
+CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
+          ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
+CONFIG_LINE = ("pair", "loss", "steps", "batch_size", "lr", "seed")
+
+
+def _value_at(metrics: list[dict], metric: str, step: int) -> float:
+    values = [m["value"] for m in metrics if m["metric"] == metric and m["step"] == step]
+    return values[0] if values else float("nan")
+
+
+def curves_figure(rows: pd.DataFrame):
+    """Held-out KL and accuracy vs step, one line per run (the clean run in bold black)."""
+    fig, axes = subplots(2, figsize=(12, 4.5))
+    for cfg, run in opd_runs(rows):
+        frame = pd.DataFrame(run)
+        label = run_label(cfg)
+        style = dict(color="black", linewidth=2.5) if label == "clean" else dict(linewidth=1.4)
+        for ax, (metric, _) in zip(axes, CURVES):
+            curve = frame[frame["metric"] == metric].sort_values("step")
+            if len(curve):
+                ax.plot(curve["step"], curve["value"], marker="o", markersize=3, label=label, **style)
+    for ax, (_, ylabel) in zip(axes, CURVES):
+        style_axes(ax, xlabel="OPD step", ylabel=ylabel)
+    axes[0].legend(fontsize=8)
+    pairs = ", ".join(sorted({str(p) for p in rows["pair"].unique()}))
+    fig.suptitle(f"on-policy distillation under rollout mismatch ({pairs})")
+    return fig
+
+
+def _config_value(value: object) -> object:
+    """Integral floats (an int column that met a null when frames were joined) print as ints."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> list[str]:
+    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    judged = table[~table["clean"] & (table["baseline"] != "")]
+    lines = ["# OPD under rollout mismatch: tolerance verdicts", "",
+             f"Tolerated: final held-out reverse KL ≤ {1 + kl_tol:.2f} × clean and final held-out accuracy "
+             f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts). `mismatch_kl`: mean over steps of "
+             "KL(rollout ‖ student) on each step's rollout tokens (k1 estimate on the sampled tokens, nats).", ""]
+    configs = {k: _config_value(rows[k].iloc[0]) for k in CONFIG_LINE if k in rows}
+    lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
+    for cfg, metrics in opd_runs(rows):
+        if run_label(cfg) == "clean":
+            lines.append(f"Clean run ({cfg.get('pair')}): final held-out reverse KL "
+                         f"{final_value(metrics, 'heldout_rkl'):.3f} nats, accuracy "
+                         f"{final_value(metrics, 'heldout_accuracy'):.1%} (step 0: "
+                         f"{_value_at(metrics, 'heldout_rkl', 0):.3f} nats, {_value_at(metrics, 'heldout_accuracy', 0):.1%}).")
+    lines.append("")
+    if not len(judged):
+        return lines + ["No run has a clean baseline in its group: no verdicts."]
+    shown = judged[["pair", "rollout", "mismatch_kl", "mismatch_logp_abs_diff_mean", "heldout_rkl", "kl_ratio",
+                    "heldout_accuracy", "acc_delta", "tolerated"]].assign(
+        mismatch_kl=judged["mismatch_kl"].map(lambda v: f"{v:.3g}"),
+        mismatch_logp_abs_diff_mean=judged["mismatch_logp_abs_diff_mean"].map(lambda v: f"{v:.3g}"),
+        heldout_rkl=judged["heldout_rkl"].map(lambda v: f"{v:.3f}"),
+        kl_ratio=judged["kl_ratio"].map(lambda v: f"{v:.3f}"),
+        heldout_accuracy=judged["heldout_accuracy"].map(lambda v: f"{v:.1%}"),
+        acc_delta=judged["acc_delta"].map(lambda v: f"{100 * v:+.1f} pts"),
+        tolerated=judged["tolerated"].map(lambda v: "yes" if v else "**no**"))
+    return lines + [markdown_table(shown)]
+
+
+def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
+                     acc_tol: float = 0.02) -> list[Path]:
+    """Write `opd_curves.png` and `opd_verdicts.md` for the OPD runs in `rows` (tidy, kind `opd`)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curves = save_figure(curves_figure(rows), out_dir / "opd_curves.png")
+    verdicts = out_dir / "opd_verdicts.md"
+    verdicts.write_text("\n".join(_verdicts_markdown(rows, kl_tol, acc_tol)) + "\n")
+    return [curves, verdicts]

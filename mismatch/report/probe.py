@@ -1,0 +1,152 @@
+"""Probe reports: a Markdown summary and plots of probe runs. Reads results only, never a model.
+
+`write_probe_report(rows, out_dir)` writes
+  * `summary.md` — one line per run (reference vs candidate or perturbation) with the headline
+    divergences, the per-layer SQNR table, and the per-layer isolation map when present;
+  * `per_layer.png` — SQNR (dB) and relative L2 error of every captured layer, one line per run;
+  * `kl_cdf.png` — the distribution of per-token KL(p‖q) over scored tokens, one line per run;
+  * `layer_map.png` — end-to-end kl_fwd_mean with one decoder block perturbed at a time
+    (runs whose layer scope is a single block index, from `mismatch probe --each-layer`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mismatch.report.common import markdown_table, save_figure, style_axes, subplots
+from mismatch.results import per_layer, summaries
+
+HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
+            "tv_mean", "top1_agree", "logp_abs_diff_mean", "is_ratio_outside_frac", "chi2_token",
+            "is_ess", "ppl_ratio")
+
+
+def run_label(run: pd.Series) -> str:
+    """Human label of a run: the candidate (unless it is the perturbed reference) and what
+    differs from the reference."""
+    perturb = run.get("perturb")
+    perturbed = isinstance(perturb, str) and perturb not in ("", "none")
+    parts = [] if perturbed and run.get("candidate") == run.get("reference") else [str(run.get("candidate"))]
+    if run.get("cand_dtype") not in (None, "fp32", run.get("ref_dtype")):
+        parts.append(str(run.get("cand_dtype")))
+    if perturbed:
+        parts.append(perturb)
+        if run.get("layers") not in (None, "linear"):
+            parts.append(f"[{run.get('layers')}]")
+    return " · ".join(parts)
+
+
+def is_isolation(layers: object) -> bool:
+    """A run whose scope is one decoder block index (CSV files read it back as a number)."""
+    return isinstance(layers, (str, int, np.integer)) and str(layers).isdigit()
+
+
+def isolation_map(isolated: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`(kl_fwd_mean, top1_agree)`, each block × perturbation spec, of the isolation runs."""
+    iso = isolated.assign(block=isolated["layers"].astype(int))
+    return (iso.pivot_table(index="block", columns="perturb", values="kl_fwd_mean"),
+            iso.pivot_table(index="block", columns="perturb", values="top1_agree"))
+
+
+def _isolation_section(kl: pd.DataFrame, top1: pd.DataFrame) -> list[str]:
+    table = pd.DataFrame({"block": kl.index.astype(str)})
+    for spec in kl.columns:
+        table[f"{spec} kl_fwd_mean"] = kl[spec].to_numpy()
+        table[f"{spec} top1_agree"] = top1[spec].to_numpy()
+    md = ["## Per-layer isolation map: one decoder block perturbed at a time", "",
+          "End-to-end divergence with only that block's linear layers perturbed.", "", markdown_table(table), ""]
+    for spec in kl.columns:
+        ranked = kl[spec].sort_values(ascending=False)
+        top = ", ".join(f"{b} ({v:.3g})" for b, v in ranked.head(3).items())
+        md.append(f"- {spec}: most sensitive blocks {top}; least sensitive {ranked.index[-1]} "
+                  f"({ranked.iloc[-1]:.3g}); max/median = {ranked.iloc[0] / ranked.median():.1f}×.")
+    return md + [""]
+
+
+def layer_map_figure(kl: pd.DataFrame):
+    """kl_fwd_mean vs the block perturbed alone, one line per spec (log scale)."""
+    fig, ax = subplots(figsize=(8, 4.2))
+    for spec in kl.columns:
+        ax.plot(kl.index, kl[spec], marker="o", ms=3, label=spec)
+    ax.set_yscale("log")
+    style_axes(ax, xlabel="decoder block perturbed alone", ylabel="kl_fwd_mean (nats)", legend=True)
+    ax.set_title("Per-layer isolation map")
+    return fig
+
+
+def _sqnr_section(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db")
+    sq = sq[[r for r in runs["run_id"] if r in sq.columns]].reset_index()  # runs in recorded order
+    sq = sq.rename(columns=dict(zip(runs["run_id"], runs["run"])))
+    return ["## Per-layer SQNR (dB) of the hidden states", "", markdown_table(sq.drop(columns="index")), ""]
+
+
+def per_layer_figure(layers: pd.DataFrame, runs: pd.DataFrame):
+    """SQNR and relative L2 error of every captured layer, one line per run."""
+    fig, (ax1, ax2) = subplots(2, figsize=(12, 4.2))
+    by_run = dict(tuple(layers.groupby("run_id", sort=False)))
+    for run_id, label in zip(runs["run_id"], runs["run"]):
+        if run_id in by_run:
+            ax1.plot(by_run[run_id]["index"], by_run[run_id]["sqnr_db"], marker="o", ms=3, label=label)
+            ax2.plot(by_run[run_id]["index"], by_run[run_id]["rel_l2"], marker="o", ms=3, label=label)
+    names = layers.drop_duplicates("index").sort_values("index")
+    step = max(1, len(names) // 12)
+    for ax, ylabel in ((ax1, "SQNR (dB)"), (ax2, "relative L2 error")):
+        ax.set_xticks(names["index"][::step], names["layer"][::step], rotation=45, ha="right")
+        style_axes(ax, ylabel=ylabel)
+    ax2.set_yscale("log")
+    ax1.legend(fontsize=8)
+    fig.suptitle("Hidden-state error per layer (candidate vs reference, scored tokens)")
+    return fig
+
+
+def kl_cdf_figure(kl: pd.DataFrame, runs: pd.DataFrame):
+    """Empirical CDF of per-token KL(p‖q), one line per run (log x)."""
+    fig, ax = subplots(figsize=(6.5, 4.2))
+    labels = runs.set_index("run_id")["run"]
+    for run_id, group in kl.groupby("run_id", sort=False):
+        values = np.clip(np.sort(group["value"].to_numpy()), 1e-12, None)  # exact zeros cannot sit on a log axis
+        ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=labels.loc[run_id])
+    ax.set_xscale("log")
+    style_axes(ax, xlabel="per-token KL(p‖q) (nats)", ylabel="fraction of scored tokens ≤ x", legend=True)
+    return fig
+
+
+def _provenance(run: pd.Series) -> str:
+    return (f"Provenance: mismatch {run.get('mismatch_version')}, torch {run.get('torch_version')}, "
+            f"transformers {run.get('transformers_version')}, git {run.get('git_sha')}, {run.get('timestamp')}.")
+
+
+def write_probe_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "mismatch probe report"
+                       ) -> list[Path]:
+    """Write `summary.md`, `per_layer.png`, `kl_cdf.png` (and `layer_map.png` when isolation runs
+    are present) for the probe runs in `rows` (tidy, kind `probe`). Returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    all_runs = summaries(rows)
+    all_runs["run"] = all_runs.apply(run_label, axis=1)
+    isolated = all_runs[all_runs["layers"].map(is_isolation)] if "layers" in all_runs else all_runs.iloc[:0]
+    runs = all_runs.drop(isolated.index)
+    rows = rows[~rows["run_id"].isin(isolated["run_id"])]
+    layers = per_layer(rows)
+    table = runs[["run", "reference", *[c for c in HEADLINE if c in runs.columns]]]
+    md = [f"# {title}", "", "Divergence of each candidate from its reference over the scored tokens (nats; "
+          "definitions in DESIGN.md).", "", markdown_table(table), ""]
+    plots = []
+    if not layers.empty:
+        md += _sqnr_section(layers, runs)
+    if not isolated.empty:
+        kl, top1 = isolation_map(isolated)
+        md += _isolation_section(kl, top1)
+        plots.append(save_figure(layer_map_figure(kl), out / "layer_map.png"))
+    md += [_provenance(all_runs.iloc[0]), ""]
+    (out / "summary.md").write_text("\n".join(md), encoding="utf-8")
+    if not layers.empty:
+        plots.append(save_figure(per_layer_figure(layers, runs), out / "per_layer.png"))
+    token_kl = rows[(rows["level"] == "token") & (rows["metric"] == "kl_fwd")]
+    if not token_kl.empty:
+        plots.append(save_figure(kl_cdf_figure(token_kl, runs), out / "kl_cdf.png"))
+    return [out / "summary.md", *plots]

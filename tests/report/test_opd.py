@@ -1,0 +1,130 @@
+"""OPD reports: every run judged against the clean run that shares every non-rollout field, the
+verdict numbers recomputed from the rows, and the plotted curves equal to the data."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mismatch.opd.config import COMPARISON_FIELDS, ROLLOUT_FIELDS, OPDConfig, rollout_label
+from mismatch.opd.verdict import verdict_table
+from mismatch.report.opd import curves_figure, write_opd_report
+from mismatch.results import tidy
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}
+BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, lr=3e-4)
+
+
+def _run(config: OPDConfig, kl: dict[int, float], acc: dict[int, float], mismatch: list[float]) -> pd.DataFrame:
+    rows = [{"step": s, "metric": "heldout_rkl", "value": v} for s, v in kl.items()]
+    rows += [{"step": s, "metric": "heldout_accuracy", "value": v} for s, v in acc.items()]
+    rows += [{"step": i + 1, "metric": "mismatch_kl", "value": v} for i, v in enumerate(mismatch)]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+
+
+def _with(**fields) -> OPDConfig:
+    return dataclasses.replace(BASE, **fields)
+
+
+@pytest.fixture
+def rows():
+    return pd.concat([
+        _run(BASE, {0: 2.6, 2: 2.0}, {0: 0.27, 2: 0.35}, [0.0, 0.0]),
+        _run(_with(rollout="int4:group128"), {0: 2.6, 2: 2.5}, {0: 0.27, 2: 0.30}, [0.4, 0.6]),
+        _run(_with(rollout="stale:4"), {0: 2.6, 2: 2.1}, {0: 0.27, 2: 0.34}, [0.01, 0.03]),
+        _run(_with(rollout="noise:0.1", seed=1), {0: 2.6, 2: 2.1}, {0: 0.27, 2: 0.34}, [0.2, 0.2]),  # no clean seed 1
+    ], ignore_index=True)
+
+
+def _slow_verdicts(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> dict[str, tuple]:
+    """Per non-clean run with a clean twin (every field but rollout/staleness/layers equal): KL ratio,
+    accuracy delta, mean mismatch_kl and the verdict, from the raw rows."""
+    out = {}
+    configs = rows.drop_duplicates("run_id").set_index("run_id")
+    fields = [f.name for f in dataclasses.fields(OPDConfig) if f.name not in ("rollout", "staleness", "layers")]
+
+    def final(rid, metric):
+        r = rows[(rows.run_id == rid) & (rows.metric == metric)]
+        return r.sort_values("step")["value"].iloc[-1]
+
+    for rid, cfg in configs.iterrows():
+        if cfg["rollout"] == "none":
+            continue
+        twins = [c for c, other in configs.iterrows() if other["rollout"] == "none"
+                 and all(str(other[f]) == str(cfg[f]) for f in fields)]
+        if len(twins) != 1:
+            continue
+        ratio = final(rid, "heldout_rkl") / final(twins[0], "heldout_rkl")
+        delta = final(rid, "heldout_accuracy") - final(twins[0], "heldout_accuracy")
+        mean_kl = rows[(rows.run_id == rid) & (rows.metric == "mismatch_kl")]["value"].mean()
+        out[cfg["rollout"]] = (ratio, delta, mean_kl, bool(ratio <= 1 + kl_tol and delta >= -acc_tol))
+    return out
+
+
+@pytest.mark.parametrize("kl_tol,acc_tol", [(0.10, 0.02), (0.01, 0.02), (0.10, 0.10)])
+def test_verdict_numbers_equal_a_recomputation_from_the_rows(rows, kl_tol, acc_tol):
+    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol).set_index("rollout")
+    expected = _slow_verdicts(rows, kl_tol, acc_tol)
+    judged = table[~table["clean"] & (table["baseline"] != "")]
+    assert sorted(judged.index) == sorted(expected) == ["int4:group128", "stale:4"]
+    for label, (ratio, delta, mean_kl, ok) in expected.items():
+        row = judged.loc[label]
+        assert (row["kl_ratio"], row["acc_delta"], row["mismatch_kl"]) == pytest.approx((ratio, delta, mean_kl))
+        assert row["tolerated"] == ok
+    assert table.loc["noise:0.1", "tolerated"] is None and table.loc["noise:0.1", "baseline"] == ""
+
+
+@pytest.mark.parametrize("field,value", [("top_p", 0.9), ("decay", "constant"), ("warmup_steps", 0),
+                                         ("eval_prompts", 256), ("max_new_tokens", 8)])
+def test_each_run_meets_the_clean_run_that_differs_only_in_its_rollout(field, value):
+    """Two studies that differ only in `field` (which the old hand list of 8 grouping fields ignored):
+    each mismatched run must be judged against its own study's clean run, never the other's."""
+    other = _with(**{field: value})
+    rows = pd.concat([
+        _run(BASE, {2: 2.0}, {2: 0.40}, [0.0, 0.0]),
+        _run(_with(rollout="fp8-e4m3"), {2: 2.1}, {2: 0.39}, [0.01, 0.01]),
+        _run(other, {2: 3.0}, {2: 0.20}, [0.0, 0.0]),
+        _run(dataclasses.replace(other, rollout="fp8-e4m3"), {2: 3.15}, {2: 0.18}, [0.01, 0.01]),
+    ], ignore_index=True)
+    table = verdict_table(rows)
+    judged = table[~table["clean"]]
+    assert judged["kl_ratio"].tolist() == pytest.approx([2.1 / 2.0, 3.15 / 3.0])
+    assert judged["acc_delta"].tolist() == pytest.approx([-0.01, -0.02])
+    clean_ids = table[table["clean"]]["run_id"].tolist()
+    assert judged["baseline"].tolist() == clean_ids
+
+
+def test_comparison_fields_are_every_config_field_but_the_rollout_ones():
+    names = {f.name for f in dataclasses.fields(OPDConfig)}
+    assert set(COMPARISON_FIELDS) == names - set(ROLLOUT_FIELDS) and len(COMPARISON_FIELDS) == len(names) - 3
+
+
+def test_report_files_hold_the_verdict_numbers(rows, tmp_path):
+    curves, md = write_opd_report(rows, tmp_path)
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = {line.split(" | ")[1]: line for line in md.read_text().splitlines() if line.startswith("| sort-gpt2")}
+    assert set(lines) == {"int4:group128", "stale:4"}
+    assert "| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | **no** |" in lines["int4:group128"]
+    assert "| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | yes |" in lines["stale:4"]
+    assert "final held-out reverse KL 2.000 nats, accuracy 35.0% (step 0: 2.600 nats, 27.0%)" in md.read_text()
+
+
+def test_plotted_curves_are_the_data(rows):
+    fig = curves_figure(rows)
+    kl_ax, acc_ax = fig.axes
+    for ax, metric in ((kl_ax, "heldout_rkl"), (acc_ax, "heldout_accuracy")):
+        plotted = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+        for rid, run in rows.groupby("run_id", sort=False):
+            first = run.iloc[0]
+            curve = run[run.metric == metric].sort_values("step")
+            label = rollout_label(first["rollout"], int(first["staleness"]))
+            assert plotted[label] == (curve["step"].tolist(), curve["value"].tolist()), (metric, label)
+    assert [line.get_color() for line in kl_ax.lines if line.get_label() == "clean"] == ["black"]
+    assert np.isclose(kl_ax.lines[0].get_linewidth(), 2.5)
+
+
+def test_labels():
+    assert [rollout_label(r, k) for r, k in [("none", 0), ("", 4), ("int4:group128", 0), ("noise:0.1", 2)]] == [
+        "clean", "stale:4", "int4:group128", "noise:0.1 + stale:2"]

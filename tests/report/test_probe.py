@@ -1,0 +1,89 @@
+"""Probe reports, isolation-map branch included: tables and plotted series equal to the result rows."""
+
+import numpy as np
+import pytest
+
+from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.report import report
+from mismatch.report.probe import (
+    isolation_map,
+    kl_cdf_figure,
+    layer_map_figure,
+    per_layer_figure,
+    run_label,
+    write_probe_report,
+)
+from mismatch.results import of_kind, per_layer, read_results, summaries
+
+TEXTS = ("hello world, again", "the quick brown fox")
+SPECS = ("fp8-e4m3:channel", "int4:group128")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe") / "results"
+    run_probes(ProbeConfig(reference="tiny-llama", perturb=SPECS, texts=TEXTS), out=out)
+    run_probes(ProbeConfig(reference="tiny-llama", perturb=SPECS, texts=TEXTS, each_layer=True, per_layer=False),
+               out=out)
+    return out
+
+
+def test_isolation_map_section_holds_the_per_block_numbers(dataset, tmp_path):
+    rows = read_results(dataset)
+    runs = summaries(rows)
+    iso = runs[runs["layers"].isin(["0", "1", "2"])]
+    assert len(iso) == 3 * len(SPECS)  # tiny-llama has 3 blocks
+    md = (tmp_path / "summary.md")
+    write_probe_report(of_kind(rows, "probe"), tmp_path)
+    text = md.read_text()
+    assert "## Per-layer isolation map" in text
+    for block in range(3):
+        by_spec = iso[iso["layers"] == str(block)].set_index("perturb")
+        cells = [f"{by_spec.loc[s, m]:.4g}" if by_spec.loc[s, m] >= 1e-3 or by_spec.loc[s, m] == 0
+                 else f"{by_spec.loc[s, m]:.3e}" for s in SPECS for m in ("kl_fwd_mean", "top1_agree")]
+        assert f"| {block} | " + " | ".join(cells) + " |" in text
+    for spec in SPECS:
+        kl = iso[iso["perturb"] == spec].set_index("layers")["kl_fwd_mean"]
+        worst = kl.idxmax()
+        assert f"- {spec}: most sensitive blocks {worst} ({kl.max():.3g})" in text
+        assert f"max/median = {kl.max() / kl.median():.1f}×" in text
+    # isolation runs are left out of the headline table and the per-layer plots
+    headline = [line for line in text.split("## ")[0].splitlines() if line.startswith("| ") and "run" not in line]
+    assert sorted(line.split(" | ")[0][2:] for line in headline) == sorted(SPECS)
+
+
+def test_layer_map_plots_kl_per_block(dataset):
+    runs = summaries(read_results(dataset))
+    kl, top1 = isolation_map(runs[runs["layers"].isin(["0", "1", "2"])])
+    fig = layer_map_figure(kl)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.lines] == list(SPECS) and ax.get_yscale() == "log"
+    for line, spec in zip(ax.lines, SPECS):
+        expected = runs[runs["perturb"] == spec].set_index("layers").loc[["0", "1", "2"], "kl_fwd_mean"]
+        assert list(line.get_xdata()) == [0, 1, 2] and list(line.get_ydata()) == expected.tolist()
+    assert top1.loc[0, SPECS[0]] == runs[(runs.layers == "0") & (runs.perturb == SPECS[0])]["top1_agree"].item()
+
+
+def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
+    rows = read_results(dataset)
+    whole = rows[rows["layers"] == "linear"]
+    runs = summaries(whole).assign(run=lambda f: f.apply(run_label, axis=1))
+    layers = per_layer(whole)
+    fig = per_layer_figure(layers, runs)
+    sqnr_ax, l2_ax = fig.axes
+    for line, (_, run) in zip(sqnr_ax.lines, runs.iterrows()):
+        mine = layers[layers.run_id == run["run_id"]]
+        assert line.get_label() == run["run"] and list(line.get_ydata()) == mine["sqnr_db"].tolist()
+    assert list(l2_ax.lines[1].get_ydata()) == layers[layers.run_id == runs["run_id"].iloc[1]]["rel_l2"].tolist()
+    token_kl = whole[(whole.level == "token") & (whole.metric == "kl_fwd")]
+    fig = kl_cdf_figure(token_kl, runs)
+    for line, (rid, group) in zip(fig.axes[0].lines, token_kl.groupby("run_id", sort=False)):
+        values = np.clip(np.sort(group["value"].to_numpy()), 1e-12, None)
+        assert np.array_equal(line.get_xdata(), values)
+        assert np.array_equal(line.get_ydata(), np.arange(1, len(values) + 1) / len(values))
+
+
+def test_report_of_a_dataset_writes_every_probe_file(dataset, tmp_path):
+    written = report([dataset], tmp_path)
+    assert [p.name for p in written] == ["summary.md", "layer_map.png", "per_layer.png", "kl_cdf.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:])

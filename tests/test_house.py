@@ -1,0 +1,76 @@
+"""House rules that can fail: small functions, a thin CLI, no import cycle inside the package."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mismatch"
+MAX_FUNCTION_LINES = 60  # decorators, signature and docstring included
+MAX_CLI_LINES = 200
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            yield node.name, node.end_lineno - start + 1
+
+
+def test_no_function_is_longer_than_the_limit():
+    long = [(f"{path.relative_to(PACKAGE.parent)}:{name}", n) for path in _modules().values()
+            for name, n in _functions(path) if n > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def test_the_cli_is_thin():
+    assert len((PACKAGE / "cli.py").read_text().splitlines()) <= MAX_CLI_LINES
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of the package that `module` imports at module level (imports inside functions are
+    deferred and cannot form an import-time cycle)."""
+    out = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.parse(path.read_text()).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(anchor[:len(anchor) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        out |= {n for n in names if n in modules and n != module}
+    return out
+
+
+def test_no_import_cycle_inside_the_package():
+    modules = _modules()
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    # a package's __init__ re-exporting its modules is the one allowed direction of a package edge
+    for m in graph:
+        graph[m] = {d for d in graph[m] if not m.startswith(d + ".")}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(dep):] + [dep]))
+            if dep not in state:
+                visit(dep, trail + [dep])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])

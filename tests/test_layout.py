@@ -1,0 +1,150 @@
+"""Layout: the modules of three families, hooks that leave nothing behind, the one head-input
+capture, the head map and the one chunked log-softmax, each against the model's own outputs."""
+
+import pytest
+import torch
+
+import mismatch
+from mismatch.errors import InputError
+from mismatch.layout import (
+    Head,
+    capture,
+    head_inputs,
+    is_identity_warp,
+    logprob_chunks,
+    model_layout,
+    replay_prefix,
+    token_chunks,
+    warp,
+)
+from mismatch.positions import position_ids, response_index, scorable
+from tests.conftest import FAMILIES, random_ids
+
+BLOCKS = {"tiny-llama": ("model.layers", "model.norm"), "tiny-qwen3": ("model.layers", "model.norm"),
+          "tiny-gpt2": ("transformer.h", "transformer.ln_f")}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layout_finds_the_families_modules(tiny, family):
+    model = tiny(family).model
+    layout = model_layout(model)
+    modules = dict(model.named_modules())
+    blocks, norm = BLOCKS[family]
+    assert layout.layers is modules[blocks] and layout.final_norm is modules[norm]
+    assert layout.head is model.get_output_embeddings() and layout.embed is model.get_input_embeddings()
+    n = model.config.num_hidden_layers
+    assert layout.layer_names == ["embed", *(f"layers.{i}" for i in range(n)), "final_norm"]
+    assert layout.modules() == [layout.embed, *layout.layers, layout.final_norm]
+
+
+def test_layout_rejects_a_model_without_a_head():
+    with pytest.raises(InputError, match="not a causal LM"):
+        model_layout(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3"])
+def test_head_inputs_and_layer_rows_equal_the_models_hidden_states(family):
+    model = mismatch.load(family).model  # its own copy: output_hidden_states installs hooks for good
+    ids = random_ids(2, 9)
+    attn = torch.ones_like(ids)
+    attn[1, :3] = 0  # left padding
+    index = response_index(scorable(attn))
+    seen = {}
+    with torch.no_grad():
+        got = head_inputs(model, ids, attn, index, on_layer=lambda i, h: seen.__setitem__(i, h))
+        full = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn), output_hidden_states=True)
+    B, T = ids.shape
+    flat = [h.reshape(B * T, -1)[index] for h in full.hidden_states]
+    n = model.config.num_hidden_layers
+    assert torch.equal(got.rows_ND, flat[-1])  # the head's input is the final norm's output
+    assert torch.equal(seen[0], flat[0]) and torch.equal(seen[n + 1], flat[-1])
+    for i in range(1, n):  # transformers returns block outputs 0..L-2, then the normed last one
+        assert torch.equal(seen[i], flat[i]), i
+    # the head ran on one row per sequence: equal to fp32 rounding (BLAS sums in another order)
+    torch.testing.assert_close(got.last_logits_BV, full.logits[:, -1, :].float(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(Head.of(model).logits(got.last_BD), got.last_logits_BV, atol=1e-5)
+
+
+def test_capture_removes_its_hooks_even_when_the_pass_raises(tiny):
+    model = tiny("tiny-llama").model
+    layout = model_layout(model)
+    count = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
+    before = count()
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture(layout, lambda i, h: None, lambda h: None):
+            assert count() == before + len(layout.modules()) + 1
+            raise RuntimeError("boom")
+    assert count() == before
+
+
+def test_head_inputs_rejects_a_head_fed_another_shape(tiny):
+    model = tiny("tiny-llama").model
+    handle = model_layout(model).head.register_forward_pre_hook(lambda m, a: (a[0][:, :1],))
+    try:
+        with pytest.raises(InputError, match="feeds its head"):
+            head_inputs(model, random_ids(1, 4), torch.ones(1, 4, dtype=torch.long), torch.tensor([0]))
+    finally:
+        handle.remove()
+
+
+def test_replay_prefix_swaps_blocks_back(tiny):
+    model = tiny("tiny-llama").model
+    layout = model_layout(model)
+    originals = list(layout.layers)
+    ids = random_ids(1, 5)
+    with torch.no_grad():
+        outs = []
+        handles = [b.register_forward_hook(lambda m, a, o: outs.append(o if isinstance(o, torch.Tensor) else o[0]))
+                   for b in layout.layers]
+        ref = model(input_ids=ids).logits
+        for h in handles:
+            h.remove()
+        calls = []
+        pre = [b.register_forward_pre_hook(lambda m, a, i=i: calls.append(i)) for i, b in enumerate(layout.layers)]
+        with replay_prefix(layout, outs, 2, as_tuple=False):
+            replayed = model(input_ids=ids).logits
+        for h in pre:
+            h.remove()
+    assert torch.equal(ref, replayed) and calls == [2]  # blocks 0 and 1 did not run
+    assert list(layout.layers) == originals
+
+
+def test_head_post_processing_and_private_copy(tiny):
+    model = tiny("tiny-llama").model
+    h = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    plain = h @ model.lm_head.weight.T
+    live, copy = Head.of(model), Head.of(model, copy=True)
+    assert torch.equal(live.logits(h), plain) and torch.equal(copy.logits(h), plain)
+    assert copy.weight is not model.lm_head.weight and copy.module is None
+    scaled = Head(model.lm_head.weight, None, None, plain.shape[1], softcap=5.0, scale=2.0)
+    assert torch.allclose(scaled.logits(h), torch.tanh(2.0 * plain / 5.0) * 5.0)
+
+
+@pytest.mark.parametrize("chunk,rows_per_pass", [(1, None), (3, None), (4, 2), (1000, 3)])
+def test_logprob_chunks_cover_every_row_once_and_equal_log_softmax(tiny, chunk, rows_per_pass):
+    model = tiny("tiny-gpt2").model
+    h = torch.randn(10, model.config.n_embd, generator=torch.Generator().manual_seed(1))
+    full = torch.log_softmax(h @ model.lm_head.weight.T, dim=-1)
+    pieces = list(logprob_chunks(Head.of(model), h, chunk, rows_per_pass=rows_per_pass))
+    assert [r.start for r, _ in pieces] == sorted(r.start for r, _ in pieces)
+    assert sum(r.stop - r.start for r, _ in pieces) == 10
+    assert max(r.stop - r.start for r, _ in pieces) <= min(chunk, rows_per_pass or chunk)
+    torch.testing.assert_close(torch.cat([lp for _, lp in pieces]), full, rtol=1e-5, atol=1e-6)
+
+
+def test_warp_temperature_and_top_p():
+    z = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    assert is_identity_warp(1.0, None) and is_identity_warp(0.0, 1.0) and not is_identity_warp(0.7, None)
+    assert warp(z) is z
+    assert torch.equal(warp(z, 0.5), z / 0.5)
+    p = torch.softmax(z, -1)[0]  # 0.64, 0.24, 0.09, 0.03: top-p 0.8 keeps the first two
+    kept = torch.isfinite(warp(z, 1.0, 0.8))[0].tolist()
+    assert kept == [True, True, False, False] and float(p[:1].sum()) < 0.8 <= float(p[:2].sum())
+    assert [(s.start, s.stop) for s in token_chunks(7, 3)] == [(0, 3), (3, 6), (6, 7)]
+
+
+def test_positions_rules():
+    attn = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert scorable(attn).tolist() == [[False, False, False, True, True], [False, True, True, False, False]]
+    assert position_ids(attn).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
+    assert response_index(scorable(attn)).tolist() == [2, 3, 5, 6]
