@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from safetensors.torch import save_model
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -132,8 +134,6 @@ def smollm2_checkpoint() -> Path:
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_model
-
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
@@ -232,8 +232,6 @@ def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTra
 
 
 def _load_hub_cache(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(repo_id, "config.json")
     if not isinstance(found, str):
         raise ModelNotAvailableError(

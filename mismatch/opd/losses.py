@@ -28,11 +28,12 @@ and `token_loss` read the registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import torch
+
+from mismatch.registry import Registry
 
 
 def pg_rkl(logp_student_C: torch.Tensor, logp_teacher_C: torch.Tensor) -> torch.Tensor:
@@ -82,31 +83,17 @@ class Loss:
     description: str
 
 
-_REGISTRY: dict[str, Loss] = {}
-LOSS_REGISTRY: Mapping[str, Loss] = MappingProxyType(_REGISTRY)  # read-only view, in registration order
+LOSS_REGISTRY: Registry[Loss] = Registry("loss")  # read-only mapping, in registration order
 
 
 def register_loss(loss: Loss) -> Loss:
-    """Register `loss` under its name; returns it.
-
-    Raises:
-        ValueError: the name is already registered.
-    """
-    if loss.name in _REGISTRY:
-        raise ValueError(f"loss {loss.name!r} is already registered")
-    _REGISTRY[loss.name] = loss
-    return loss
+    """Register `loss` under its name; returns it. Raises `ValueError` when the name is taken."""
+    return LOSS_REGISTRY.register(loss.name, loss)
 
 
 def get_loss(name: str) -> Loss:
-    """The registered loss `name`.
-
-    Raises:
-        ValueError: unknown name (one line, listing the registered ones).
-    """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown loss {name!r}; valid: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    """The registered loss `name`; a one-line `ValueError` listing the registered ones otherwise."""
+    return LOSS_REGISTRY.get(name)
 
 
 register_loss(Loss(name="pg-rkl", per_token=pg_rkl, full_vocab=False,
@@ -117,7 +104,7 @@ register_loss(Loss(name="full-rkl", per_token=full_rkl, full_vocab=True,
 register_loss(Loss(name="full-fkl", per_token=full_fkl, full_vocab=True,
                    description="forward KL(π_T ‖ π_S) over the vocabulary (supervised-KD style)"))
 
-LOSSES: tuple[str, ...] = tuple(_REGISTRY)  # ("pg-rkl", "full-rkl", "full-fkl")
+LOSSES: tuple[str, ...] = tuple(LOSS_REGISTRY)  # ("pg-rkl", "full-rkl", "full-fkl")
 
 
 def token_loss(name: str, logp_student_CV: torch.Tensor, logp_teacher_CV: torch.Tensor,

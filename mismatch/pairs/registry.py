@@ -31,11 +31,10 @@ import json
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 
 from huggingface_hub import try_to_load_from_cache
 
@@ -43,6 +42,7 @@ from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchErr
 from mismatch.models import LM, cache_dir, load, sha256_file, smollm2_gguf_path
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
+from mismatch.registry import Registry
 from mismatch.tokenizer import vocab_fingerprint
 
 Message = tuple[str, str]  # (role, content) of a chat turn
@@ -118,20 +118,12 @@ class PairKind:
     description: str
 
 
-_PAIR_KINDS: dict[str, PairKind] = {}
-PAIR_KINDS: Mapping[str, PairKind] = MappingProxyType(_PAIR_KINDS)  # read-only view
+PAIR_KINDS: Registry[PairKind] = Registry("pair kind", InputError)  # read-only mapping
 
 
 def register_pair_kind(kind: PairKind) -> PairKind:
-    """Register a pair kind under its name; returns it.
-
-    Raises:
-        ValueError: the name is already registered.
-    """
-    if kind.name in _PAIR_KINDS:
-        raise ValueError(f"pair kind {kind.name!r} is already registered")
-    _PAIR_KINDS[kind.name] = kind
-    return kind
+    """Register a pair kind under its name; returns it. Raises `ValueError` when the name is taken."""
+    return PAIR_KINDS.register(kind.name, kind)
 
 
 def pair_kind(spec: PairSpec) -> PairKind:
@@ -140,9 +132,9 @@ def pair_kind(spec: PairSpec) -> PairKind:
     Raises:
         InputError: `spec.kind` is not registered.
     """
-    if spec.kind not in _PAIR_KINDS:
-        raise InputError(f"pair {spec.name}: unknown kind {spec.kind!r}; valid: {', '.join(_PAIR_KINDS)}")
-    return _PAIR_KINDS[spec.kind]
+    if spec.kind not in PAIR_KINDS:
+        raise InputError(f"pair {spec.name}: unknown kind {spec.kind!r}; valid: {', '.join(PAIR_KINDS)}")
+    return PAIR_KINDS[spec.kind]
 
 
 SYNTHETIC_RECIPES = {

@@ -104,7 +104,7 @@ def test_token_loss_dispatches_through_the_registry(monkeypatch, full_vocab):
         seen.append((a, b))
         return a.sum(-1) if full_vocab else a
 
-    monkeypatch.setitem(losses._REGISTRY, "spy", Loss(name="spy", per_token=spy, full_vocab=full_vocab,
+    monkeypatch.setitem(LOSS_REGISTRY._items, "spy", Loss(name="spy", per_token=spy, full_vocab=full_vocab,
                                                       description="test"))
     ls, lt = torch.arange(6.0).view(2, 3), -torch.arange(6.0).view(2, 3)
     token_loss("spy", ls, lt, torch.tensor([2, 0]))

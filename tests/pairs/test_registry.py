@@ -229,7 +229,7 @@ def test_availability_and_loading_dispatch_on_the_kind(monkeypatch):
         return Pair(name=spec_.name, student=tiny, teacher=tiny, task=None, prompt_source=None)
 
     kind = dataclasses.replace(PAIR_KINDS["preset"], availability=lambda s: f"spy {s.name}", load=load)
-    monkeypatch.setitem(registry._PAIR_KINDS, "preset", kind)
+    monkeypatch.setitem(PAIR_KINDS._items, "preset", kind)
     assert availability(spec) == "spy qwen3-4b-to-0.6b"
     assert "qwen3-4b-to-0.6b" not in mismatch.list_pairs()
     pair = mismatch.load_pair("qwen3-4b-to-0.6b", dtype="bf16")
