@@ -161,7 +161,9 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
         if writer is not None:
             columns = {"reference": c.result.reference, "candidate": c.result.candidate, **base,
                        "perturb": c.perturb, "layers": c.layers}
-            writer.write(tidy(rows_of(c.result), kind="probe", config=columns, stamp=stamp))
+            rows = tidy(rows_of(c.result), kind="probe", config=columns, stamp=stamp)
+            writer.write(rows)
+            writer.finish("probe", rows["run_id"].iloc[0])
 
     say("loading models…")
     ref_lm = load(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed)

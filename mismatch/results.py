@@ -16,10 +16,12 @@ Schema (one row per run × level × item × metric; lm-eval's result schema does
 Storage is a dataset directory of parquet parts, read back with `pyarrow.dataset` / pandas. A part
 holds one finished run (probes) or one flush of a run's rows (OPD); it is written to a temporary
 name and renamed, so a reader never sees half a part, and appending never rewrites what is on
-disk. Parts are named `<time>-<kind>-<run_id>-<flush>.parquet`: they sort in the order they were
-written. Writing a run again (same id) first removes that run's earlier parts. A single `.parquet`
-or `.csv` file stays accepted as a destination (the whole file is rewritten through a temporary
-file on every append) and older result files, written before `kind` existed, still load.
+disk. Parts are named `<time>-<kind>-<run_id>-<writer>-<flush>.parquet`: they sort in the order
+they were written. Writing a run again (same id) adds new parts and removes the old ones only once
+the new run has ended (`ResultsWriter.finish`); until then readers keep the newest row of each
+(run, item, metric). A single `.parquet` or `.csv` file stays accepted as a destination (the whole
+file is rewritten through a temporary file on every append) and older result files, written
+before `kind` existed, still load.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import datetime as _dt
 import functools
 import hashlib
 import json
+import math
 import os
 import subprocess
 import time
@@ -68,30 +71,46 @@ def provenance() -> dict[str, str]:
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
+def _canonical(value: object) -> object:
+    """A config value as hashed: numpy scalars as Python ones, integral numbers as ints, NaN as None."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float):
+        return None if math.isnan(value) else int(value) if value.is_integer() else value
+    return value
+
+
 def run_id(kind: str, config: dict[str, object]) -> str:
-    """Content hash (16 hex digits of SHA-256) of a run's kind and full configuration."""
+    """Content hash (16 hex digits of SHA-256) of a run's kind and full configuration. Values are
+    canonical first (`1`, `1.0` and `numpy.int64(1)` hash alike; NaN as None), so a configuration
+    read back from a results table gives its run's id again."""
     if kind not in KINDS:
         raise InputError(f"unknown run kind {kind!r}; valid: {', '.join(KINDS)}")
-    text = json.dumps({"kind": kind, **config}, sort_keys=True, default=str)
+    canonical = {k: _canonical(v) for k, v in config.items()}
+    text = json.dumps({"kind": kind, **canonical}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
+    """Item columns present and typed (integers as nullable Int64, `layer` as string), in the
+    schema's column order."""
+    frame = frame.copy()
+    for col in ITEM_COLUMNS:
+        if col not in frame:
+            frame[col] = None
+    for col in _INT_COLUMNS:
+        frame[col] = frame[col].astype("Int64")
+    frame["layer"] = frame["layer"].astype("string")
+    frame["value"] = frame["value"].astype("float64")
+    return frame[list(FRONT) + [c for c in frame.columns if c not in FRONT]]
 
 
 def tidy(rows: pd.DataFrame, *, kind: str, config: dict[str, object], stamp: dict[str, str] | None = None
          ) -> pd.DataFrame:
     """`rows` (level/metric/value plus item columns) with the schema's kind, run id, item,
     config and provenance columns, in the schema's column order."""
-    rows = rows.copy()
-    for col in ITEM_COLUMNS:
-        if col not in rows:
-            rows[col] = None
-    for col in _INT_COLUMNS:
-        rows[col] = rows[col].astype("Int64")
-    rows["layer"] = rows["layer"].astype("string")
-    rows["value"] = rows["value"].astype("float64")
     meta = {"kind": kind, "run_id": run_id(kind, config), **config, **(stamp or provenance())}
-    for key, value in meta.items():
-        rows[key] = value
-    return rows[list(FRONT) + [c for c in rows.columns if c not in FRONT]]
+    return _normalise(rows.assign(**{k: [v] * len(rows) for k, v in meta.items()}))
 
 
 def _atomic_write(frame: pd.DataFrame, path: Path) -> None:
@@ -109,21 +128,26 @@ def _atomic_write(frame: pd.DataFrame, path: Path) -> None:
 class ResultsWriter:
     """Appends runs to a results destination: a dataset directory (parquet parts) or one file.
 
+    A run written again (same id) never destroys the earlier copy before the new one is complete:
+    its new parts are added beside the old ones, `finish` removes the old ones once the run has
+    ended, and readers keep the newest row of each (run, item, metric) meanwhile — the same numbers
+    for a deterministic run, so an interrupted rewrite still reads as one run.
+
     Args:
         path: a directory (created if needed), or a path ending in `.parquet` / `.csv`.
-        overwrite: start from an empty destination (the directory's parts, or the file, go).
+        overwrite: start from an empty destination (the directory's parts, or the file, go) at
+            the first write.
     """
 
     def __init__(self, path: str | Path, *, overwrite: bool = False) -> None:
         self.path = Path(path)
-        self.is_file = self.path.suffix in FILE_SUFFIXES
-        if self.path.suffix and not self.is_file:
-            raise InputError(f"results go to a directory or a .parquet/.csv file, got {self.path.name}")
+        self.is_file = self.path.suffix in FILE_SUFFIXES  # anything else is a directory (`smollm2-1.7b` too)
         if self.is_file and self.path.is_dir():
             raise InputError(f"{self.path} is a directory, not a results file")
         if not self.is_file and self.path.is_file():
             raise InputError(f"{self.path} is a file, not a results directory")
         self._overwrite = overwrite
+        self._session = f"w{os.getpid():x}{time.time_ns() % 16**8:08x}"  # tells this writer's parts apart
         self._flushes: dict[str, int] = {}
 
     def _prepare(self) -> None:
@@ -146,14 +170,31 @@ class ResultsWriter:
             _atomic_write(frame, self.path)
             return self.path
         (kind,), (rid,) = rows["kind"].unique(), rows["run_id"].unique()
-        if rid not in self._flushes:  # a run written again replaces its earlier parts
-            for part in self.path.glob(f"*-{kind}-{rid}-*.parquet"):
-                part.unlink()
         flush = self._flushes[rid] = self._flushes.get(rid, -1) + 1
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{time.time_ns() % 10**9:09d}"
-        part = self.path / f"{stamp}-{kind}-{rid}-{flush:05d}.parquet"
+        ns = time.time_ns()  # one clock read: parts sort in the order they were written
+        stamp = _dt.datetime.fromtimestamp(ns // 10**9, _dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{ns % 10**9:09d}"
+        part = self.path / f"{stamp}-{kind}-{rid}-{self._session}-{flush:05d}.parquet"
         _atomic_write(rows, part)
         return part
+
+    def finish(self, kind: str, rid: str) -> None:
+        """The run has ended: remove its parts written by earlier writers (a directory only; a
+        single file keeps every row and its readers keep the newest)."""
+        if self.is_file or rid not in self._flushes:
+            return
+        for part in self.path.glob(f"*-{kind}-{rid}-*.parquet"):
+            if part.name.split("-")[3] != self._session:
+                part.unlink()
+
+
+ROW_KEY = ("kind", "run_id", "level", *ITEM_COLUMNS, "metric")  # what one row measures
+
+
+def newest_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with one row per `ROW_KEY`: the last one written (a rewritten run's newer rows win)."""
+    if not frame.duplicated(subset=list(ROW_KEY), keep="last").any():
+        return frame
+    return frame.drop_duplicates(subset=list(ROW_KEY), keep="last").reset_index(drop=True)
 
 
 def _legacy(frame: pd.DataFrame) -> pd.DataFrame:
@@ -163,28 +204,47 @@ def _legacy(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.assign(kind=kind)
     if kind == "opd":
         frame["level"] = "step"
-    for col in ITEM_COLUMNS:
-        if col not in frame:
-            frame[col] = None
-    for col in _INT_COLUMNS:
-        frame[col] = frame[col].astype("Int64")
-    return frame[list(FRONT) + [c for c in frame.columns if c not in FRONT]]
+    return _normalise(frame)
+
+
+_STRING_COLUMNS = ("kind", "run_id", "level", "layer", "metric", "git_sha", "prompts_sha256", "perturb", "layers",
+                   "rollout", "timestamp")  # never parsed as numbers from CSV (hex ids, block indices)
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path, dtype={c: "string" for c in _STRING_COLUMNS}, keep_default_na=True)
+
+
+def _writer_of(part: Path) -> str | None:
+    """The writer session of a part (`<time>-<kind>-<run_id>-w<session>-<flush>.parquet`)."""
+    fields = part.name.split("-")
+    return fields[3] if len(fields) == 5 and fields[3].startswith("w") else None
 
 
 def _read_parts(directory: Path) -> pd.DataFrame:
-    """Every parquet file of a dataset directory, in name (= write) order; parts in the current
-    schema through one `pyarrow.dataset` scan, older files (no `kind`) normalised one by one."""
+    """Every parquet file of a dataset directory: older files (no `kind`) first, each normalised,
+    then the parts in name (= write) order through one `pyarrow.dataset` scan. When a run has parts
+    from several writers (a rewrite not finished yet), the newest row of each item wins."""
     files = sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
     if not files:
         raise InputError(f"results directory {directory} holds no parquet parts")
     schemas = {p: pq.read_schema(p) for p in files}
     parts = [p for p in files if "kind" in schemas[p].names]
-    frames = [_legacy(pd.read_parquet(p)) for p in files if p not in parts]
+    frames = [_legacy(_read_file(p)) for p in files if p not in parts]
     if parts:
-        schema = pa.unify_schemas([schemas[p] for p in parts], promote_options="permissive")
-        table = ds.dataset([str(p) for p in parts], schema=schema, format="parquet").to_table()
-        frames.insert(0, table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get))
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        try:
+            schema = pa.unify_schemas([schemas[p] for p in parts], promote_options="permissive")
+            table = ds.dataset([str(p) for p in parts], schema=schema, format="parquet").to_table()
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise InputError(f"results in {directory} disagree on a column's type: {str(exc).splitlines()[0]}") from None
+        frames.append(table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get))
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    writers: dict[tuple[str, ...], set[str | None]] = {}
+    for p in parts:
+        writers.setdefault(tuple(p.name.split("-")[1:3]), set()).add(_writer_of(p))
+    return newest_rows(frame) if any(len(w) > 1 for w in writers.values()) else frame
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
@@ -192,18 +252,17 @@ def read_results(path: str | Path) -> pd.DataFrame:
     file (no `kind` column), as one tidy frame in the schema's column order.
 
     Raises:
-        InputError: the path does not exist or is neither a directory nor a .parquet/.csv file.
+        InputError: the path does not exist, is a file of another type, or its parts disagree.
     """
     path = Path(path)
     if path.is_dir():
-        frame = _read_parts(path)
-    elif path.suffix not in FILE_SUFFIXES:
-        raise InputError(f"result file must end in .parquet or .csv, got {path.name}")
-    elif not path.is_file():
-        raise InputError(f"results file not found: {path}")
-    else:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    return _legacy(frame) if "kind" not in frame.columns else frame
+        return _read_parts(path)
+    if not path.exists():
+        raise InputError(f"results not found: {path}")
+    if path.suffix not in FILE_SUFFIXES:
+        raise InputError(f"a results file must end in .parquet or .csv, got {path.name}")
+    frame = _read_file(path)
+    return newest_rows(_normalise(frame)) if "kind" in frame.columns else _legacy(frame)
 
 
 def read_many(paths: Iterable[str | Path]) -> pd.DataFrame:

@@ -3,6 +3,7 @@ run ids, lossless round trips (directory, .parquet, .csv), and older files still
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -59,6 +60,9 @@ def test_run_id_is_a_content_hash_of_the_configuration():
            [("seed", 1), ("top_p", 0.9), ("decay", "constant"), ("rollout", "fp8-e4m3:channel")]}
     assert len(ids | {run_id("opd", base)}) == 5  # every field changes it
     assert run_id("probe", base) != run_id("opd", base)
+    # a configuration read back from a table (numpy scalars, integral floats, NaN) gives the same id
+    assert run_id("opd", {**base, "steps": np.int64(120), "lr": 0.001, "top_p": float("nan")}) == run_id("opd", base)
+    assert run_id("opd", {**base, "lr": 1}) == run_id("opd", {**base, "lr": 1.0})
     with pytest.raises(InputError, match="unknown run kind"):
         run_id("sweep", base)
 
@@ -76,19 +80,35 @@ def test_parts_are_appended_never_rewritten_and_both_kinds_share_one_dataset(res
     opd = rows[rows["kind"] == "opd"]
     assert opd["step"].tolist() == [0, 10] and opd["value"].tolist() == [2.0, 1.5]
     assert (opd["level"] == "step").all() and opd["seq"].isna().all()
-    # the same run written again by a new writer replaces only its own parts
-    ResultsWriter(tmp_path / "ds").write(_opd(cfg, {0: 2.0}))
+    # the same run written again by a new writer: its old parts stay until the new copy is finished,
+    # and readers see one run meanwhile (the newest row of each step and metric)
+    again = ResultsWriter(tmp_path / "ds")
+    again.write(_opd(cfg, {0: 2.5}))
+    assert all(p.exists() for p in opd_parts)
+    opd = read_results(tmp_path / "ds").query("kind == 'opd'").sort_values("step")
+    assert opd["step"].tolist() == [0, 10] and opd["value"].tolist() == [2.5, 1.5]
+    again.finish("opd", opd["run_id"].iloc[0])
     assert all(not p.exists() for p in opd_parts) and first.exists()
     assert read_results(tmp_path / "ds").groupby("kind").size().to_dict() == {"opd": 1, "probe": len(rows) - 2}
     ResultsWriter(tmp_path / "ds", overwrite=True).write(_opd(cfg, {5: 1.0}))
     assert read_results(tmp_path / "ds")["step"].tolist() == [5]
 
 
+def test_csv_keeps_ids_and_block_scopes_as_text(result, tmp_path):
+    """Hex ids that look like numbers (`012345…`, `1e5…`) and block scopes (`007`) survive a CSV file."""
+    rows = _probe(result, layers="007").assign(git_sha="012345678901", run_id="1e50000000000000")
+    ResultsWriter(tmp_path / "r.csv").write(rows)
+    back = read_results(tmp_path / "r.csv")
+    assert (back["git_sha"].unique().tolist(), back["run_id"].unique().tolist()) == (["012345678901"], ["1e50000000000000"])
+    assert back["layers"].unique().tolist() == ["007"] and str(back["step"].dtype) == "Int64"
+
+
 def test_single_files_append_and_overwrite(result, tmp_path):
     path = tmp_path / "r.parquet"
     ResultsWriter(path).write(_probe(result, seed=0))
     ResultsWriter(path).write(_probe(result, seed=1))
-    assert read_results(path)["run_id"].nunique() == 2
+    ResultsWriter(path).write(_probe(result, seed=1))  # the same run again: read back once
+    assert read_results(path).groupby("run_id").size().tolist() == [len(_probe(result))] * 2
     ResultsWriter(path, overwrite=True).write(_probe(result, seed=0))
     assert read_results(path)["seed"].unique().tolist() == [0]
     assert not list(tmp_path.glob(".*tmp"))
@@ -115,10 +135,19 @@ def test_older_result_files_still_load(result, tmp_path):
 
 
 def test_bad_paths(result, tmp_path):
-    with pytest.raises(InputError, match=r"directory or a \.parquet/\.csv file"):
-        ResultsWriter(tmp_path / "r.json")
-    with pytest.raises(InputError, match="not found"):
-        read_results(tmp_path / "missing.parquet")
+    (tmp_path / "r.parquet").mkdir()
+    with pytest.raises(InputError, match="is a directory, not a results file"):
+        ResultsWriter(tmp_path / "r.parquet")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="is a file, not a results directory"):
+        ResultsWriter(tmp_path / "f")
+    with pytest.raises(InputError, match="must end in .parquet or .csv"):
+        read_results(tmp_path / "f")
+    for missing in ("missing.parquet", "missing-dir"):
+        with pytest.raises(InputError, match="results not found"):
+            read_results(tmp_path / missing)
+    dotted = ResultsWriter(tmp_path / "smollm2-1.7b").write(_probe(result))  # a directory, despite the dot
+    assert dotted.parent == tmp_path / "smollm2-1.7b" and len(read_results(dotted.parent)) == len(_probe(result))
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="holds no parquet parts"):
         read_results(tmp_path / "empty")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
-from mismatch.opd.losses import LOSSES
-from mismatch.opd.ring import split_rollout_spec
+import numpy as np
+import pandas as pd
+
+from mismatch.opd.losses import get_loss
+from mismatch.opd.ring import NO_ROLLOUT_SPECS, split_rollout_spec
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 
@@ -48,8 +52,7 @@ class OPDConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"unknown loss {self.loss!r}; valid: {', '.join(LOSSES)}")
+        get_loss(self.loss)  # an unknown loss: one line naming the registered ones
         if self.staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
         for name in ("steps", "batch_size", "train_prompts", "eval_prompts", "eval_every", "chunk_tokens"):
@@ -90,14 +93,20 @@ class OPDConfig:
 COMPARISON_FIELDS = tuple(f.name for f in dataclasses.fields(OPDConfig) if f.name not in ROLLOUT_FIELDS)
 
 
+def _comparable(value: object) -> str:
+    """A config value as compared across runs: missing / None / NaN / NA / "" (older files) alike,
+    numbers of any type (int, float, numpy, nullable) by value."""
+    if value is None or pd.isna(value) or (isinstance(value, str) and value == ""):
+        return "None"
+    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, (bool, np.bool_)):
+        return repr(float(value))
+    return str(value)
+
+
 def comparison_key(config: dict[str, object]) -> tuple[str, ...]:
     """The values of every non-rollout field (`COMPARISON_FIELDS`) of a config given as result
-    columns, normalised so that missing / None / NaN / "" (older files) compare equal."""
-    def norm(value: object) -> str:
-        if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
-            return "None"
-        return str(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-    return tuple(norm(config.get(name)) for name in COMPARISON_FIELDS)
+    columns (`_comparable`): runs with equal keys differ at most in their rollout."""
+    return tuple(_comparable(config.get(name)) for name in COMPARISON_FIELDS)
 
 
 def lr_factor(config: OPDConfig, step: int) -> float:
@@ -115,7 +124,7 @@ def lr_factor(config: OPDConfig, step: int) -> float:
 
 def rollout_label(rollout: str, staleness: int) -> str:
     """`clean`, the rollout spec, or `spec + stale:K`."""
-    base = "clean" if rollout in ("", "none", "None", "nan") else rollout
+    base = "clean" if rollout in NO_ROLLOUT_SPECS else rollout
     if staleness:
         return f"stale:{staleness}" if base == "clean" else f"{base} + stale:{staleness}"
     return base

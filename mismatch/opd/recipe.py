@@ -36,7 +36,7 @@ from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
-from mismatch.opd.ring import RolloutCopy
+from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
 from mismatch.positions import response_index
@@ -82,14 +82,15 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
     n = token_N.shape[0]
     hidden_S = _hidden(student, student_batch)  # [N, D], carries the trunk's graph
     leaf = hidden_S.detach().requires_grad_()
+    head_S = Head.of(student)
     t0 = time.perf_counter()
     warped = not is_identity_warp(temperature, top_p)  # else the sampled distribution is the policy itself
-    logp_S_N = (token_logprobs(Head.of(student), leaf.detach(), token_N, chunk_tokens, temperature=temperature,
-                               top_p=top_p) if warped else torch.empty(n))
+    logp_S_N = (token_logprobs(head_S, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
+                if warped else torch.empty(n))
     logp_seconds = time.perf_counter() - t0
     total = 0.0
     teacher_chunks = logprob_chunks(Head.of(teacher), hidden_T, chunk_tokens)
-    for rows, logp_S in logprob_chunks(Head.of(student), leaf, chunk_tokens):
+    for rows, logp_S in logprob_chunks(head_S, leaf, chunk_tokens):
         with torch.no_grad():
             logp_T = next(teacher_chunks)[1]
             if not warped:
@@ -165,7 +166,7 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
         calib = torch.tensor([encode(pair.student.tokenizer, train_pool[:1], chat=pair.chat,
                                      context=pair.student_context)[0]])
     copy = RolloutCopy(pair.student.model, spec, config.rollout_staleness, layers=config.layers, seed=config.seed,
-                       calibration_ids=calib, share=config.rollout in ("none", ""))
+                       calibration_ids=calib, share=config.rollout in NO_ROLLOUT_SPECS)
     opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
     return OPDRun(config, pair, copy, opt, sched, random.Random(config.seed), train_pool, eval_set,

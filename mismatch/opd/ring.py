@@ -21,9 +21,12 @@ from mismatch.perturb import perturb_, restore_
 from mismatch.perturb.spec import StaleConfig, parse_spec
 
 
+NO_ROLLOUT_SPECS = ("", "none")  # rollout specs meaning "no perturbation": the student's own weights
+
+
 def split_rollout_spec(spec: str | None, staleness: int) -> tuple[str | None, int]:
     """`(perturbation spec or None, staleness)` from a rollout spec that may be `stale:K`."""
-    if spec in (None, "", "none"):
+    if spec is None or spec in NO_ROLLOUT_SPECS:
         return None, staleness
     config = parse_spec(spec)
     if isinstance(config, StaleConfig):

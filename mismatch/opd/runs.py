@@ -20,7 +20,7 @@ from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.recipe import train
 from mismatch.opd.verdict import run_label
-from mismatch.results import ResultsWriter, provenance, tidy
+from mismatch.results import ResultsWriter, provenance, run_id, tidy
 
 RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
 
@@ -102,5 +102,7 @@ def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, over
                          save_to=None if save_to is None else save_dir(save_to, configs, config))
         finally:
             flush()
+        if writer is not None:  # the run is complete: an earlier copy of it can go
+            writer.finish("opd", run_id("opd", columns))
         frames.append(tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=columns, stamp=stamp))
     return pd.concat(frames, ignore_index=True)

@@ -79,7 +79,7 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     """One row per OPD run: what it trained under, where it ended, and its verdict.
 
     Columns: run_id, pair, rollout (label), clean (bool), baseline (run_id of the clean run it is
-    judged against, "" if none), mismatch_kl (mean over steps of the per-step rollout/training KL on
+    judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
     runs and runs without a baseline).

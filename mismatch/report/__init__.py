@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.report.common import markdown_table
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
-from mismatch.results import KINDS, of_kind, read_many
+from mismatch.results import of_kind, read_many
 
 
 def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
@@ -38,4 +37,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10
     return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
 
 
-__all__ = ["KINDS", "markdown_table", "report", "write_opd_report", "write_probe_report", "write_reports"]
+__all__ = ["report", "write_opd_report", "write_probe_report", "write_reports"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.opd.verdict import final_value, opd_runs, run_label, verdict_table
-from mismatch.report.common import markdown_table, save_figure, style_axes, subplots
+from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
@@ -42,7 +42,7 @@ def curves_figure(rows: pd.DataFrame):
                 ax.plot(curve["step"], curve["value"], marker="o", markersize=3, label=label, **style)
     for ax, (_, ylabel) in zip(axes, CURVES):
         style_axes(ax, xlabel="OPD step", ylabel=ylabel)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=LEGEND_FONTSIZE)
     pairs = ", ".join(sorted({str(p) for p in rows["pair"].unique()}))
     fig.suptitle(f"on-policy distillation under rollout mismatch ({pairs})")
     return fig

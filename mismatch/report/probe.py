@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.report.common import markdown_table, save_figure, style_axes, subplots
+from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.results import per_layer, summaries
 
 HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
@@ -98,7 +98,7 @@ def per_layer_figure(layers: pd.DataFrame, runs: pd.DataFrame):
         ax.set_xticks(names["index"][::step], names["layer"][::step], rotation=45, ha="right")
         style_axes(ax, ylabel=ylabel)
     ax2.set_yscale("log")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=LEGEND_FONTSIZE)
     fig.suptitle("Hidden-state error per layer (candidate vs reference, scored tokens)")
     return fig
 

@@ -235,7 +235,7 @@ def test_availability_and_loading_dispatch_on_the_kind(monkeypatch):
     pair = mismatch.load_pair("qwen3-4b-to-0.6b", dtype="bf16")
     assert pair.name == "qwen3-4b-to-0.6b" and loaded == [(spec, "bf16", None)]
     bogus = dataclasses.replace(spec, kind="bogus")
-    with pytest.raises(InputError, match="unknown kind 'bogus'; valid: pretrained, synthetic, preset, toml"):
+    with pytest.raises(InputError, match="unknown pair kind 'bogus'; valid: pretrained, synthetic, preset, toml"):
         availability(bogus)
 
 

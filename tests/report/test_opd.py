@@ -10,7 +10,7 @@ import pytest
 from mismatch.opd.config import COMPARISON_FIELDS, ROLLOUT_FIELDS, OPDConfig, rollout_label
 from mismatch.opd.verdict import verdict_table
 from mismatch.report.opd import curves_figure, write_opd_report
-from mismatch.results import tidy
+from mismatch.results import ResultsWriter, read_results, tidy
 
 STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
          "timestamp": "2026-01-01T00:00:00+00:00"}
@@ -94,6 +94,24 @@ def test_each_run_meets_the_clean_run_that_differs_only_in_its_rollout(field, va
     assert judged["acc_delta"].tolist() == pytest.approx([-0.01, -0.02])
     clean_ids = table[table["clean"]]["run_id"].tolist()
     assert judged["baseline"].tolist() == clean_ids
+
+
+@pytest.mark.parametrize("dest", ["ds", "r.csv", "r.parquet"])
+def test_verdicts_are_the_same_after_a_round_trip_through_storage(tmp_path, dest):
+    """Studies that differ in an optional field (None in one, a number in another) written to disk and
+    read back (nullable integer columns, CSV text) still find their own clean runs."""
+    other = _with(max_new_tokens=8, top_p=0.9)
+    frames = [_run(BASE, {2: 2.0}, {2: 0.40}, [0.0, 0.0]), _run(_with(rollout="fp8-e4m3"), {2: 2.1}, {2: 0.39}, [0.01, 0.01]),
+              _run(other, {2: 3.0}, {2: 0.20}, [0.0, 0.0]),
+              _run(dataclasses.replace(other, rollout="fp8-e4m3"), {2: 3.15}, {2: 0.18}, [0.01, 0.01])]
+    writer = ResultsWriter(tmp_path / dest)
+    for frame in frames:
+        writer.write(frame)
+    expected = verdict_table(pd.concat(frames, ignore_index=True))
+    got = verdict_table(read_results(tmp_path / dest))
+    assert got["run_id"].tolist() == expected["run_id"].tolist()
+    assert got["baseline"].tolist() == expected["baseline"].tolist()
+    assert got["kl_ratio"].tolist() == pytest.approx([1.0, 2.1 / 2.0, 1.0, 3.15 / 3.0])
 
 
 def test_comparison_fields_are_every_config_field_but_the_rollout_ones():

@@ -37,11 +37,13 @@ def test_isolation_map_section_holds_the_per_block_numbers(dataset, tmp_path):
     write_probe_report(of_kind(rows, "probe"), tmp_path)
     text = md.read_text()
     assert "## Per-layer isolation map" in text
-    for block in range(3):
-        by_spec = iso[iso["layers"] == str(block)].set_index("perturb")
-        cells = [f"{by_spec.loc[s, m]:.4g}" if by_spec.loc[s, m] >= 1e-3 or by_spec.loc[s, m] == 0
-                 else f"{by_spec.loc[s, m]:.3e}" for s in SPECS for m in ("kl_fwd_mean", "top1_agree")]
-        assert f"| {block} | " + " | ".join(cells) + " |" in text
+    table = {line.split(" | ")[0][2:]: [float(c) for c in line.strip(" |").split(" | ")[1:]]
+             for line in text.split("## Per-layer isolation map")[1].splitlines() if line[:3] in ("| 0", "| 1", "| 2")}
+    assert sorted(table) == ["0", "1", "2"]
+    for block, cells in table.items():  # printed to 4 significant digits
+        by_spec = iso[iso["layers"] == block].set_index("perturb")
+        expected = [by_spec.loc[s, m] for s in SPECS for m in ("kl_fwd_mean", "top1_agree")]
+        assert cells == pytest.approx(expected, rel=5e-4)
     for spec in SPECS:
         kl = iso[iso["perturb"] == spec].set_index("layers")["kl_fwd_mean"]
         worst = kl.idxmax()
@@ -71,12 +73,14 @@ def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
     layers = per_layer(whole)
     fig = per_layer_figure(layers, runs)
     sqnr_ax, l2_ax = fig.axes
+    assert len(sqnr_ax.lines) == len(l2_ax.lines) == len(runs) == len(SPECS)
     for line, (_, run) in zip(sqnr_ax.lines, runs.iterrows()):
         mine = layers[layers.run_id == run["run_id"]]
         assert line.get_label() == run["run"] and list(line.get_ydata()) == mine["sqnr_db"].tolist()
     assert list(l2_ax.lines[1].get_ydata()) == layers[layers.run_id == runs["run_id"].iloc[1]]["rel_l2"].tolist()
     token_kl = whole[(whole.level == "token") & (whole.metric == "kl_fwd")]
     fig = kl_cdf_figure(token_kl, runs)
+    assert len(fig.axes[0].lines) == token_kl["run_id"].nunique() == len(SPECS)
     for line, (rid, group) in zip(fig.axes[0].lines, token_kl.groupby("run_id", sort=False)):
         values = np.clip(np.sort(group["value"].to_numpy()), 1e-12, None)
         assert np.array_equal(line.get_xdata(), values)
