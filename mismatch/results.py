@@ -65,10 +65,9 @@ def _git_sha() -> str:
 
 
 def provenance() -> dict[str, str]:
-    """Versions, git sha and UTC timestamp to stamp on every result row."""
-    return {"mismatch_version": __version__, "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__, "git_sha": _git_sha(),
-            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    """Versions, git sha and UTC timestamp (the `PROVENANCE` columns) to stamp on every result row."""
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return dict(zip(PROVENANCE, (__version__, torch.__version__, transformers.__version__, _git_sha(), now)))
 
 
 def _canonical(value: object) -> object:
@@ -271,9 +270,11 @@ def read_many(paths: Iterable[str | Path]) -> pd.DataFrame:
 
 
 def of_kind(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """The rows of one run kind, without the columns that are null throughout them."""
+    """The rows of one run kind, without the configuration columns that are null throughout them
+    (those of other kinds); the schema's own columns (`FRONT`) always stay."""
     part = rows[rows["kind"] == kind]
-    return part.dropna(axis="columns", how="all").reset_index(drop=True)
+    empty = [c for c in part.columns if c not in FRONT and part[c].isna().all()]
+    return part.drop(columns=empty).reset_index(drop=True)
 
 
 def config_columns(rows: pd.DataFrame) -> list[str]:

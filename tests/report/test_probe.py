@@ -91,3 +91,16 @@ def test_report_of_a_dataset_writes_every_probe_file(dataset, tmp_path):
     written = report([dataset], tmp_path)
     assert [p.name for p in written] == ["summary.md", "layer_map.png", "per_layer.png", "kl_cdf.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:])
+
+
+def test_a_dataset_holding_only_an_isolation_map(tmp_path):
+    """Only `--each-layer --no-per-layer` runs: the summary holds the map, layer_map.png is drawn,
+    and no per-layer or KL plot is attempted (every run is an isolation run)."""
+    run_probes(ProbeConfig(reference="tiny-gpt2", perturb=("int4:group128",), texts=TEXTS, each_layer=True,
+                           per_layer=False), out=tmp_path / "map")
+    written = report([tmp_path / "map"], tmp_path / "rep")
+    assert [p.name for p in written] == ["summary.md", "layer_map.png"]
+    runs = summaries(read_results(tmp_path / "map")).set_index("layers")
+    kl, _ = isolation_map(runs.reset_index())
+    assert kl["int4:group128"].tolist() == runs.loc[["0", "1"], "kl_fwd_mean"].tolist()
+    assert "## Per-layer SQNR" not in (tmp_path / "rep" / "summary.md").read_text()
