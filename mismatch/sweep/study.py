@@ -1,0 +1,165 @@
+"""A study file: the static (probe) and dynamic (OPD) grids of a sweep, validated before any run.
+
+    name = "quick"
+
+    [static]                      # probes: every model × seed × layer scope, all specs share a reference
+    models = ["smollm2-135m"]
+    prompts = "prompts.txt"       # relative to the study file, or `texts = ["…"]`
+    max_prompts = 4
+    chat = true
+    max_new_tokens = 32
+    perturb = ["fp8-e4m3:channel", "int4:group128"]
+    layers = ["linear"]           # scopes; `each_layer = true` adds the per-block isolation map
+    seeds = [0]
+
+    [dynamic]                     # OPD: pairs × rollouts × losses × lrs × TIS caps × seeds
+    pairs = ["sort-gpt2"]
+    rollouts = ["fp8-e4m3", "stale:1"]
+    losses = ["full-rkl"]
+    lrs = [1e-3]
+    tis_caps = [0]                # 0: off
+    seeds = [0, 1, 2]
+
+    [dynamic.settings]            # any other OPDConfig field, shared by every run
+    steps = 40
+
+Every dynamic run gets its clean baseline (the same configuration with clean rollouts) in the plan,
+so every run can be judged against the clean run that shares every other field. The whole grid is
+expanded and validated before anything runs: an unknown key, spec, pair or loss is a one-line
+`InputError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mismatch.errors import InputError
+from mismatch.opd.config import ROLLOUT_FIELDS, OPDConfig
+from mismatch.opd.runs import make_config
+from mismatch.pairs.registry import PAIRS
+from mismatch.probe_runs import ProbeConfig
+
+STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
+               "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}
+DYNAMIC_KEYS = {"pairs", "rollouts", "losses", "lrs", "tis_caps", "seeds", "settings"}
+GRID_FIELDS = {"pair", "rollout", "loss", "lr", "tis_cap", "seed"}  # set by the grid, not by settings
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The runs of a study, in the order they will run: probe groups (one reference pass each), then
+    OPD runs (each clean baseline before the runs judged against it)."""
+
+    probes: tuple[ProbeConfig, ...]
+    opd: tuple[OPDConfig, ...]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A parsed study file: its name, path and plan."""
+
+    name: str
+    path: Path
+    plan: Plan
+
+
+def _table(cfg: dict, key: str, valid: set[str], where: str) -> dict:
+    part = cfg.get(key, {})
+    if not isinstance(part, dict):
+        raise InputError(f"{where}: [{key}] must be a table")
+    unknown = sorted(set(part) - valid)
+    if unknown:
+        raise InputError(f"{where}: [{key}] unknown key {unknown[0]!r}; valid: {', '.join(sorted(valid))}")
+    return part
+
+
+def _list(part: dict, key: str, where: str, default: list | None = None) -> list:
+    value = part.get(key, default)
+    if value is None:
+        raise InputError(f"{where}: missing key {key!r}")
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{where}: {key} must be a non-empty list, got {value!r}")
+    return value
+
+
+def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
+    where = f"{where}: [static]"
+    prompts = part.get("prompts")
+    if prompts is not None and (base_dir / prompts).is_file():
+        prompts = str(base_dir / prompts)
+    shared = {k: part[k] for k in ("max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
+                                   "per_layer", "ref_dtype") if k in part}
+    perturb = tuple(_list(part, "perturb", where))
+    scopes = [(scope, False) for scope in _list(part, "layers", where, ["linear"])]
+    scopes += [("linear", True)] if part.get("each_layer", False) else []
+    configs = []
+    for model, seed, (scope, each) in itertools.product(_list(part, "models", where), _list(part, "seeds", where, [0]),
+                                                         scopes):
+        try:
+            configs.append(ProbeConfig(reference=model, perturb=perturb, layers=scope, each_layer=each, seed=seed,
+                                       prompts=prompts, texts=tuple(part.get("texts", ())), **shared))
+        except (InputError, TypeError) as exc:
+            raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None
+    return tuple(configs)
+
+
+def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
+    where = f"{where}: [dynamic]"
+    settings = part.get("settings", {})
+    fields = {f.name for f in dataclasses.fields(OPDConfig)} - GRID_FIELDS - set(ROLLOUT_FIELDS) | {"staleness", "layers"}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        raise InputError(f"{where}.settings unknown key {unknown[0]!r}; valid: {', '.join(sorted(fields))}")
+    for pair in _list(part, "pairs", where):
+        if pair not in PAIRS and not str(pair).endswith(".toml"):
+            raise InputError(f"{where}: unknown pair {pair!r} in pairs; known: {', '.join(PAIRS)}")
+    grid = itertools.product(_list(part, "pairs", where), _list(part, "losses", where, ["full-rkl"]),
+                             _list(part, "lrs", where, [OPDConfig.lr]), _list(part, "tis_caps", where, [0]),
+                             _list(part, "seeds", where, [0]), _list(part, "rollouts", where, ["none"]))
+    runs: list[OPDConfig] = []
+    for pair, loss, lr, tis, seed, rollout in grid:
+        try:
+            config = make_config(**settings, pair=pair, loss=loss, lr=float(lr), tis_cap=float(tis) if tis else None,
+                                 seed=int(seed), rollout=str(rollout))
+        except InputError as exc:
+            raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None
+        for run in (config.clean(), config):  # the baseline first, each configuration once
+            if run not in runs:
+                runs.append(run)
+    return tuple(runs)
+
+
+def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -> Plan:
+    """Expand and validate a study given as a parsed TOML mapping (see the module docstring).
+
+    Raises:
+        InputError: an unknown key, spec, pair or loss, or a bad value; one line naming `where` and the key.
+    """
+    unknown = sorted(set(cfg) - {"name", "static", "dynamic"})
+    if unknown:
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: name, static, dynamic")
+    if "static" not in cfg and "dynamic" not in cfg:
+        raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
+    static = _static(_table(cfg, "static", STATIC_KEYS, where), where, base_dir) if "static" in cfg else ()
+    dynamic = _dynamic(_table(cfg, "dynamic", DYNAMIC_KEYS, where), where) if "dynamic" in cfg else ()
+    return Plan(static, dynamic)
+
+
+def load_study(path: str | Path) -> Study:
+    """Read, expand and validate a study file (`plan_study`); nothing runs.
+
+    Raises:
+        InputError: a missing or invalid file, or an invalid study.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"study file not found: {path}")
+    try:
+        cfg = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path} is not valid TOML: {exc}") from None
+    return Study(str(cfg.get("name", path.stem)), path, plan_study(cfg, where=str(path), base_dir=path.parent))

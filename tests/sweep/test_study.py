@@ -1,0 +1,106 @@
+"""Study files: the grid expanded exactly (baselines included, each run once) and every bad input a
+one-line error naming the file and the key, before anything runs."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from mismatch.errors import InputError
+from mismatch.opd.config import comparison_key
+from mismatch.sweep import load_study, plan_study
+
+STUDY = """
+name = "tiny"
+
+[static]
+models = ["tiny-llama", "tiny-gpt2"]
+prompts = "p.txt"
+max_prompts = 2
+perturb = ["fp8-e4m3:channel", "int4"]
+layers = ["linear", "mlp"]
+each_layer = true
+seeds = [0, 1]
+
+[dynamic]
+pairs = ["sort-gpt2", "reverse-qwen3"]
+rollouts = ["none", "fp8-e4m3", "stale:2"]
+losses = ["full-rkl", "pg-rkl"]
+lrs = [1e-3]
+tis_caps = [0, 2]
+seeds = [0, 1, 2]
+
+[dynamic.settings]
+steps = 40
+batch_size = 64
+"""
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    import mismatch.models
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("planning must not load a model")
+
+    monkeypatch.setattr(mismatch.models, "load", no_loading)
+    (tmp_path / "p.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "tiny.toml").write_text(STUDY)
+    return load_study(tmp_path / "tiny.toml")
+
+
+def test_the_grid_is_every_combination_with_its_clean_baseline(study):
+    opd = study.plan.opd
+    grid = set(itertools.product(["sort-gpt2", "reverse-qwen3"], ["full-rkl", "pg-rkl"], [None, 2.0], [0, 1, 2],
+                                 ["none", "fp8-e4m3", "stale:2"]))
+    assert {(c.pair, c.loss, c.tis_cap, c.seed, c.rollout) for c in opd} == grid
+    assert len(opd) == len(grid) == 72  # "none" is each group's baseline: no run twice
+    assert all((c.steps, c.batch_size, c.lr) == (40, 64, 1e-3) for c in opd)
+    for i, config in enumerate(opd):  # every run's clean twin is planned before it
+        twins = [j for j, other in enumerate(opd) if other.is_clean
+                 and comparison_key(dataclasses.asdict(other)) == comparison_key(dataclasses.asdict(config))]
+        assert len(twins) == 1 and twins[0] <= i
+
+
+def test_static_groups_share_a_reference_per_model_seed_and_scope(study, tmp_path):
+    probes = study.plan.probes
+    assert study.name == "tiny" and len(probes) == 2 * 2 * 3  # models × seeds × (2 scopes + isolation map)
+    assert {(p.reference, p.seed, p.layers, p.each_layer) for p in probes} == set(itertools.product(
+        ["tiny-llama", "tiny-gpt2"], [0, 1], ["linear", "mlp"], [False])) | set(itertools.product(
+        ["tiny-llama", "tiny-gpt2"], [0, 1], ["linear"], [True]))
+    assert all(p.perturb == ("fp8-e4m3:channel", "int4:group128") for p in probes)  # canonical specs
+    assert all(p.prompts == str(tmp_path / "p.txt") and p.max_prompts == 2 for p in probes)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("[dynamic]", "[dynamic]\nlearning_rates = [1]"), "[dynamic] unknown key 'learning_rates'"),
+    (("[static]", "[static]\nmodel = 'x'"), "[static] unknown key 'model'"),
+    (("steps = 40", "steps = 40\nsteeps = 3"), "[dynamic].settings unknown key 'steeps'"),
+    (("steps = 40", "steps = 40\nseed = 3"), "[dynamic].settings unknown key 'seed'"),
+    (('"int4"]', '"int9"]'), "[static]: unknown perturbation kind 'int9'"),
+    (('"stale:2"]', '"stale:x"]'), "[dynamic]: stale needs an integer"),
+    (('"reverse-qwen3"]', '"reverse-gpt9"]'), "unknown pair 'reverse-gpt9' in pairs"),
+    (('"pg-rkl"]', '"kl"]'), "[dynamic]: unknown loss 'kl'"),
+    (("steps = 40", "steps = 0"), "[dynamic]: steps must be ≥ 1"),
+    (("seeds = [0, 1, 2]", "seeds = []"), "seeds must be a non-empty list"),
+    (('name = "tiny"', 'name = "tiny"\nsweep = 1'), "unknown key 'sweep'"),
+    (("prompts = \"p.txt\"", ""), "[static]: give exactly one prompt source"),
+])
+def test_bad_studies_are_one_line_errors_naming_file_and_key(tmp_path, edit, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(STUDY.replace(*edit))
+    (tmp_path / "p.txt").write_text("one\n")
+    with pytest.raises(InputError) as info:
+        load_study(path)
+    text = str(info.value)
+    assert "\n" not in text and str(path) in text and message in text, text
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(InputError, match="study file not found"):
+        load_study(tmp_path / "none.toml")
+    (tmp_path / "x.toml").write_text("[static\n")
+    with pytest.raises(InputError, match="is not valid TOML"):
+        load_study(tmp_path / "x.toml")
+    with pytest.raises(InputError, match="needs a \\[static\\] or a \\[dynamic\\] table"):
+        plan_study({"name": "empty"})
