@@ -1,9 +1,9 @@
 """The `mismatch` command line. Thin: each command reads its options, calls one library function, prints.
 
-    mismatch models
     mismatch probe smollm2-135m --perturb fp8-e4m3:channel --perturb int4:group128 \\
         --prompts mismatch/data/prompts.txt --chat --max-new-tokens 64 --out results/quant
     mismatch opd --pair sort-gpt2 --rollout fp8-e4m3 --rollout stale:1 --baseline --out results/opd
+    mismatch sweep sweeps/quick.toml --out results/quick [--resume] [--dry-run]
     mismatch report results/quant results/opd --out-dir reports
 
 A user error (missing model, bad input, mismatched vocabularies) prints one line on stderr and
@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from transformers.utils import logging as hf_logging
 
-from mismatch import console, opd as opd_lib, pairs as pairs_lib
+from mismatch import console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
 from mismatch.errors import MismatchError
 from mismatch.models import list_models
 from mismatch.probe_runs import ProbeConfig, run_probes
@@ -40,18 +40,20 @@ KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL withi
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
 
 
-def _command(fn):
-    """One-line errors (exit 2) and quiet `transformers` logging for a command."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        try:
-            return fn(*args, **kwargs)
-        except MismatchError as exc:
-            typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)  # one line, never wrapped
-            raise typer.Exit(2) from None
-    return wrapper
+def command(group: typer.Typer, name: str | None = None):
+    """Register a command on `group` with one-line errors (exit 2) and quiet `transformers` logging."""
+    def register(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+            try:
+                return fn(*args, **kwargs)
+            except MismatchError as exc:
+                typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)  # one line, never wrapped
+                raise typer.Exit(2) from None
+        return group.command(name)(wrapper)
+    return register
 
 
 @app.command()
@@ -60,23 +62,20 @@ def models() -> None:
     out.print(console.models_table(list_models()))
 
 
-@app.command()
-@_command
+@command(app)
 def probe(
     reference: Annotated[str, typer.Argument(help="Reference model spec (the policy p being trained).")],
     candidate: Annotated[str | None, typer.Argument(help="Candidate model spec (the rollout copy q); omit it "
                                                         "with --perturb (the reference perturbed in place).")] = None,
     perturb: Annotated[list[str] | None, typer.Option(help="Perturbation spec of the candidate (fp8-e4m3:channel, "
                                                            "int4:group128, bnb-nf4, …); repeatable.")] = None,
-    layers: Annotated[str, typer.Option(help="Scope of --perturb: linear, all, attn, mlp, lm_head, 0-3,7, a regex.")
-                      ] = "linear",
-    each_layer: Annotated[bool, typer.Option(help="Isolation map: each --perturb SPEC on one block at a time.")] = False,
+    layers: Annotated[str, typer.Option(help="--perturb scope: linear, all, attn, mlp, lm_head, 0-3,7, regex.")] = "linear",
+    each_layer: Annotated[bool, typer.Option(help="Isolation map: each SPEC on one block at a time.")] = False,
     prompts: Annotated[Path | None, typer.Option(help="Text file, one prompt per line.")] = None,
     text: Annotated[list[str] | None, typer.Option(help="A prompt given inline; repeatable.")] = None,
     max_prompts: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap each prompt in the tokenizer's chat template.")] = False,
-    max_new_tokens: Annotated[int, typer.Option(help="Score a response of ≤ N tokens by the reference (0: the text).")
-                              ] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Score a reference response of ≤ N tokens (0: the text).")] = 0,
     min_new_tokens: Annotated[int, typer.Option(help="Forbid EOS before this many response tokens.")] = 0,
     temperature: Annotated[float, typer.Option(help="Response sampling temperature; 0 is greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of sampling, of noise and of tiny random-init models.")] = 0,
@@ -100,20 +99,17 @@ def probe(
     console.wrote(err, out_path)
 
 
-@app.command()
-@_command
+@command(app)
 def opd(
     pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
-    rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy: a perturbation spec, stale:K, or none; "
-                                                           "repeat for several runs (same seed, prompts).")] = None,
-    staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (with --rollout: stale and "
-                                                 "perturbed).")] = 0,
+    rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,
+    staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (also with --rollout).")] = 0,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
     loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "full-rkl",
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
     batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
-    tis_cap: Annotated[float | None, typer.Option(help="Truncated importance sampling cap: min(π_S/π_R, CAP).")] = None,
+    tis_cap: Annotated[float | None, typer.Option(help="TIS cap C: token weights min(π_S/π_R, C).")] = None,
     temperature: Annotated[float, typer.Option(help="Rollout sampling temperature.")] = 1.0,
     top_p: Annotated[float | None, typer.Option(help="Rollout nucleus sampling; off by default.")] = None,
     eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps.")] = 10,
@@ -124,20 +120,15 @@ def opd(
     acc_tol: AccTol = 0.02,
     out_path: Out = None,
     overwrite: Overwrite = False,
-    save: Annotated[Path | None, typer.Option(help="Save final students as HF directories (DIR, or DIR/<label>).")
-                    ] = None,
+    save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
     base = opd_lib.make_config(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
                                batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
                                eval_every=eval_every, eval_prompts=eval_prompts, seed=seed)
     configs = opd_lib.plan(base, rollout or (), baseline=baseline)
-    with console.progress_bar(err) as bar:
-        tasks = [bar.add_task(f"opd {opd_lib.label(c)}", total=c.steps, info="", visible=False) for c in configs]
-
-        def progress(index: int, _label: str, step: int, _steps: int, metrics: dict) -> None:
-            bar.update(tasks[index], completed=step, visible=True, info=f"loss {metrics['loss']:.3g}")
-
+    with console.Bars(err) as bars:
+        progress = lambda _i, lab, k, n, m: bars.update(f"opd {lab}", k, n, f"loss {m['loss']:.3g}")  # noqa: E731
         rows = opd_lib.run_all(configs, out=out_path, overwrite=overwrite, save_to=save, progress=progress)
     title = f"OPD on {base.pair}, {base.loss}, {base.steps} steps, seed {seed}"
     out.print(console.verdict_table(opd_lib.verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol), title=title,
@@ -155,8 +146,7 @@ def pairs(ctx: typer.Context) -> None:
             out.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-@pairs_app.command("show")
-@_command
+@command(pairs_app, "show")
 def pairs_show(name: Annotated[str, typer.Argument(help="A pair name or a path to a pair .toml file.")]) -> None:
     """Load one pair (checking that student and teacher share a vocabulary) and describe it."""
     with err.status(f"loading {name}…"):
@@ -164,8 +154,7 @@ def pairs_show(name: Annotated[str, typer.Argument(help="A pair name or a path t
     out.print(console.pair_table(pair))
 
 
-@pairs_app.command("build")
-@_command
+@command(pairs_app, "build")
 def pairs_build(
     name: Annotated[str | None, typer.Argument(help="A synthetic pair; default: all of them.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Build here, not in the cache (one pair).")] = None,
@@ -176,22 +165,33 @@ def pairs_build(
         raise MismatchError("--out needs exactly one pair NAME")
     [pairs_lib.synthetic_recipe(n) for n in names]  # an unknown name fails before any work
     for pair_name in names:
-        with console.progress_bar(err) as bar:
-            tasks: dict[str, int] = {}
-
-            def progress(stage: str, done: int, total: int) -> None:
-                tasks.setdefault(stage, bar.add_task(f"{pair_name}: {stage}", total=total, info=""))
-                bar.update(tasks[stage], completed=done)
-
-            build = pairs_lib.build_and_compare(pair_name, out_dir, progress)
+        with console.Bars(err) as bars:
+            build = pairs_lib.build_and_compare(pair_name, out_dir, lambda stage, done, total, pair_name=pair_name:
+                                                bars.update(f"{pair_name}: {stage}", done, total))
         out.print(build.summary(), highlight=False)
 
 
-@app.command()
-@_command
+@command(app)
+def sweep(
+    study: Annotated[Path, typer.Argument(help="Study file (TOML): a static probe grid and a dynamic OPD grid.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Results dataset directory (shared storage on a cluster).")],
+    resume: Annotated[bool, typer.Option(help="Skip tasks already done (failed ones too, unless retried).")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="With --resume, run failed tasks again.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Print the planned tasks and stop.")] = False,
+) -> None:
+    """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
+    plan = sweep_lib.load_study(study)
+    if dry_run:
+        return out.print(console.plan_table(plan))
+    with console.Bars(err) as bars:
+        progress = lambda i, n, lab, status: bars.update(f"sweep {plan.name}", i + (status != "running"), n, lab)  # noqa: E731
+        done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, progress=progress)
+    out.print(console.sweep_summary(done, out_dir))
+
+
+@command(app)
 def report(
-    results: Annotated[list[Path], typer.Argument(help="Results of `probe --out` / `opd --out`: directories or "
-                                                      ".parquet/.csv files (older files too).")],
+    results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
     out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
     kl_tol: KlTol = 0.10,
     acc_tol: AccTol = 0.02,

@@ -14,6 +14,7 @@ from rich.table import Table
 from mismatch.models import context_length
 from mismatch.pairs.build import parameter_count
 from mismatch.probe_runs import CandidateResult, ProbeConfig
+from mismatch.sweep import Study, SweepReport, task_label
 
 SUMMARY_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "kl_fwd_max", "tv_mean", "top1_agree", "logp_abs_diff_mean",
                    "is_ratio_outside_frac", "chi2_token")
@@ -23,6 +24,26 @@ def progress_bar(console: Console) -> Progress:
     """A transient bar: description, bar, done/total, elapsed time and a free `info` field."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("{task.fields[info]}"), console=console, transient=True)
+
+
+class Bars:
+    """Transient progress bars on `console`, one per description, created on first update."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress, self.tasks = progress_bar(console), {}
+
+    def __enter__(self) -> Bars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, description: str, completed: int, total: int, info: str = "") -> None:
+        """Set the bar `description` to `completed` of `total`, with a free `info` text."""
+        if description not in self.tasks:
+            self.tasks[description] = self.progress.add_task(escape(description), total=total, info="")
+        self.progress.update(self.tasks[description], completed=completed, total=total, info=escape(info))
 
 
 def wrote(console: Console, *paths) -> None:
@@ -103,4 +124,25 @@ def pair_table(pair) -> Table:
     table.add_row("context turns", str(len(pair.teacher_context)), str(len(pair.student_context)))
     table.caption = escape(f"task: {getattr(pair.task, 'name', 'none (KL only)')}; chat: {pair.chat}; "
                            f"max new tokens: {pair.max_new_tokens}")
+    return table
+
+
+def plan_table(study: Study) -> Table:
+    """The tasks of a study, in the order they run (`mismatch sweep --dry-run`)."""
+    tasks = [*study.plan.probes, *study.plan.opd]
+    table = Table("#", "task", title=escape(f"{study.name}: {len(study.plan.probes)} probe groups, "
+                                            f"{len(study.plan.opd)} OPD runs ({study.path})"))
+    for i, task in enumerate(tasks):
+        table.add_row(str(i), escape(task_label(task)))
+    return table
+
+
+def sweep_summary(report: SweepReport, out) -> Table:
+    """How many tasks ran, were skipped and failed, with each failure's message."""
+    table = Table("tasks", "count", title=escape(f"sweep into {out}"))
+    for label, count in (("ran", len(report.ran)), ("skipped (done before)", len(report.skipped)),
+                         ("failed", len(report.failed))):
+        table.add_row(label, str(count))
+    for tid, message in report.failed.items():
+        table.add_row(f"failed {tid}", escape(message))
     return table

@@ -78,7 +78,7 @@ def run_label(config: dict) -> str:
 def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
     """One row per OPD run: what it trained under, where it ended, and its verdict.
 
-    Columns: run_id, pair, rollout (label), clean (bool), baseline (run_id of the clean run it is
+    Columns: run_id, pair, rollout (label), clean (bool), seed, baseline (run_id of the clean run it is
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
@@ -92,6 +92,7 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
         base_id, base = clean.get(comparison_key(cfg), ("", None))
         v = verdict(base, metrics, kl_tol=kl_tol, acc_tol=acc_tol) if base is not None and not is_clean else {}
         table.append({"run_id": cfg["run_id"], "pair": cfg.get("pair"), "rollout": run_label(cfg), "clean": is_clean,
+                      "seed": cfg.get("seed"),
                       "baseline": base_id if not is_clean else cfg["run_id"],
                       "mismatch_kl": mean_value(metrics, "mismatch_kl"),
                       "mismatch_logp_abs_diff_mean": mean_value(metrics, "mismatch_logp_abs_diff_mean"),

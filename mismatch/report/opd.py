@@ -32,10 +32,11 @@ def _value_at(metrics: list[dict], metric: str, step: int) -> float:
 def curves_figure(rows: pd.DataFrame):
     """Held-out KL and accuracy vs step, one line per run (the clean run in bold black)."""
     fig, axes = subplots(2, figsize=(12, 4.5))
+    several_seeds = rows["seed"].nunique() > 1
     for cfg, run in opd_runs(rows):
         frame = pd.DataFrame(run)
-        label = run_label(cfg)
-        style = dict(color="black", linewidth=2.5) if label == "clean" else dict(linewidth=1.4)
+        label = run_label(cfg) + (f" (seed {cfg['seed']})" if several_seeds else "")
+        style = dict(color="black", linewidth=2.5) if run_label(cfg) == "clean" else dict(linewidth=1.4)
         for ax, (metric, _) in zip(axes, CURVES):
             curve = frame[frame["metric"] == metric].sort_values("step")
             if len(curve):
@@ -60,7 +61,7 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
              f"Tolerated: final held-out reverse KL ≤ {1 + kl_tol:.2f} × clean and final held-out accuracy "
              f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts). `mismatch_kl`: mean over steps of "
              "KL(rollout ‖ student) on each step's rollout tokens (k1 estimate on the sampled tokens, nats).", ""]
-    configs = {k: _config_value(rows[k].iloc[0]) for k in CONFIG_LINE if k in rows}
+    configs = {k: " / ".join(str(_config_value(v)) for v in rows[k].drop_duplicates()) for k in CONFIG_LINE if k in rows}
     lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
     for cfg, metrics in opd_runs(rows):
         if run_label(cfg) == "clean":
@@ -71,8 +72,10 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
     lines.append("")
     if not len(judged):
         return lines + ["No run has a clean baseline in its group: no verdicts."]
-    shown = judged[["pair", "rollout", "mismatch_kl", "mismatch_logp_abs_diff_mean", "heldout_rkl", "kl_ratio",
-                    "heldout_accuracy", "acc_delta", "tolerated"]].assign(
+    columns = ["pair", "rollout", *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean",
+               "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "tolerated"]
+    shown = judged[columns].assign(
+        seed=judged["seed"].map(_config_value),
         mismatch_kl=judged["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         mismatch_logp_abs_diff_mean=judged["mismatch_logp_abs_diff_mean"].map(lambda v: f"{v:.3g}"),
         heldout_rkl=judged["heldout_rkl"].map(lambda v: f"{v:.3f}"),

@@ -1,6 +1,8 @@
-"""Sweeps: a study file (TOML) → a validated grid of runs (`study`); running them into one results
-dataset is the next step of the sweep issue."""
+"""Sweeps: a study file (TOML) → a validated grid of runs (`study`) → one results dataset, serial and
+resumable (`runner`)."""
 
+from mismatch.sweep.runner import SweepReport, read_ledger, run_study, task_id, task_label
 from mismatch.sweep.study import Plan, Study, load_study, plan_study
 
-__all__ = ["Plan", "Study", "load_study", "plan_study"]
+__all__ = ["Plan", "Study", "SweepReport", "load_study", "plan_study", "read_ledger", "run_study", "task_id",
+           "task_label"]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch.errors import InputError
-from mismatch.opd.config import ROLLOUT_FIELDS, OPDConfig
+from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import make_config
 from mismatch.pairs.registry import PAIRS
 from mismatch.probe_runs import ProbeConfig
@@ -110,7 +110,7 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
 def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     where = f"{where}: [dynamic]"
     settings = part.get("settings", {})
-    fields = {f.name for f in dataclasses.fields(OPDConfig)} - GRID_FIELDS - set(ROLLOUT_FIELDS) | {"staleness", "layers"}
+    fields = {f.name for f in dataclasses.fields(OPDConfig)} - GRID_FIELDS  # staleness, layers: shared settings
     unknown = sorted(set(settings) - fields)
     if unknown:
         raise InputError(f"{where}.settings unknown key {unknown[0]!r}; valid: {', '.join(sorted(fields))}")

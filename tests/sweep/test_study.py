@@ -104,3 +104,20 @@ def test_missing_and_invalid_files(tmp_path):
         load_study(tmp_path / "x.toml")
     with pytest.raises(InputError, match="needs a \\[static\\] or a \\[dynamic\\] table"):
         plan_study({"name": "empty"})
+
+
+def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
+    from typer.testing import CliRunner
+
+    from mismatch.cli import app
+    from mismatch.sweep import task_label
+
+    res = CliRunner().invoke(app, ["sweep", str(study.path), "--out", str(tmp_path / "o"), "--dry-run"],
+                             terminal_width=200)
+    assert res.exit_code == 0, res.output
+    for task in [*study.plan.probes, *study.plan.opd]:
+        assert task_label(task) in res.output
+    assert not (tmp_path / "o").exists()  # nothing ran
+    (tmp_path / "bad.toml").write_text(STUDY.replace('"pg-rkl"]', '"kl"]'))
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "unknown loss 'kl'" in res.output
