@@ -75,7 +75,6 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
     columns = ["pair", "rollout", *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean",
                "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "tolerated"]
     shown = judged[columns].assign(
-        seed=judged["seed"].map(_config_value),
         mismatch_kl=judged["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         mismatch_logp_abs_diff_mean=judged["mismatch_logp_abs_diff_mean"].map(lambda v: f"{v:.3g}"),
         heldout_rkl=judged["heldout_rkl"].map(lambda v: f"{v:.3f}"),
@@ -83,6 +82,8 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
         heldout_accuracy=judged["heldout_accuracy"].map(lambda v: f"{v:.1%}"),
         acc_delta=judged["acc_delta"].map(lambda v: f"{100 * v:+.1f} pts"),
         tolerated=judged["tolerated"].map(lambda v: "yes" if v else "**no**"))
+    if "seed" in columns:
+        shown = shown.assign(seed=judged["seed"].map(_config_value))
     return lines + [markdown_table(shown)]
 
 

@@ -122,10 +122,13 @@ def test_comparison_fields_are_every_config_field_but_the_rollout_ones():
 def test_report_files_hold_the_verdict_numbers(rows, tmp_path):
     curves, md = write_opd_report(rows, tmp_path)
     assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    header = ("| pair | rollout | mismatch_kl | mismatch_logp_abs_diff_mean | heldout_rkl | kl_ratio | heldout_accuracy "
+              "| acc_delta | tolerated |")  # one seed among the judged runs: no seed column
+    assert header in md.read_text().splitlines()
     lines = {line.split(" | ")[1]: line for line in md.read_text().splitlines() if line.startswith("| sort-gpt2")}
     assert set(lines) == {"int4:group128", "stale:4"}
-    assert "| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | **no** |" in lines["int4:group128"]
-    assert "| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | yes |" in lines["stale:4"]
+    assert lines["int4:group128"].endswith("| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | **no** |")
+    assert lines["stale:4"].endswith("| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | yes |")
     assert "final held-out reverse KL 2.000 nats, accuracy 35.0% (step 0: 2.600 nats, 27.0%)" in md.read_text()
 
 
@@ -147,3 +150,15 @@ def test_plotted_curves_are_the_data(rows):
 def test_labels():
     assert [rollout_label(r, k) for r, k in [("none", 0), ("", 4), ("int4:group128", 0), ("noise:0.1", 2)]] == [
         "clean", "stale:4", "int4:group128", "noise:0.1 + stale:2"]
+
+
+def test_verdicts_of_several_seeds_name_the_seed(tmp_path):
+    rows = pd.concat([_run(_with(seed=s, rollout=r), {2: kl}, {2: acc}, [0.0, 0.0])
+                      for s in (0, 1) for r, kl, acc in (("none", 2.0, 0.4), ("stale:1", 2.4 + s, 0.3))],
+                     ignore_index=True)
+    _, md = write_opd_report(rows, tmp_path)
+    table = [line for line in md.read_text().splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| pair | rollout | seed | mismatch_kl |")
+    assert [line.split(" | ")[2] for line in table[1:]] == ["0", "1"]
+    assert [line.split(" | ")[6] for line in table[1:]] == [f"{2.4 / 2.0:.3f}", f"{3.4 / 2.0:.3f}"]
+    assert "seed 0 / 1" in md.read_text()
