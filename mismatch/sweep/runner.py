@@ -21,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all
 from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.study import Study
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
@@ -87,8 +89,13 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
 
     Returns:
         Which tasks ran, were skipped, and failed (message); failures never stop the sweep.
+
+    Raises:
+        InputError: `out` is a results file rather than a directory.
     """
     out = Path(out)
+    if out.suffix in FILE_SUFFIXES or out.is_file():
+        raise InputError(f"a sweep writes into a results directory (with its ledger), not a file: {out}")
     ledger = read_ledger(out) if resume else {}
     tasks = [*study.plan.probes, *study.plan.opd]
     ran, skipped, failed = [], [], {}

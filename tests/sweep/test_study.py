@@ -121,3 +121,5 @@ def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
     (tmp_path / "bad.toml").write_text(STUDY.replace('"pg-rkl"]', '"kl"]'))
     res = CliRunner().invoke(app, ["sweep", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "unknown loss 'kl'" in res.output
+    res = CliRunner().invoke(app, ["sweep", str(study.path), "--out", str(tmp_path / "r.parquet")])
+    assert res.exit_code == 2 and "not a file" in res.output and not (tmp_path / "r.parquet").exists()
