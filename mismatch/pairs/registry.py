@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -44,6 +43,7 @@ from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
 from mismatch.tokenizer import vocab_fingerprint
+from mismatch.tomlfile import read_toml
 
 Message = tuple[str, str]  # (role, content) of a chat turn
 
@@ -402,12 +402,7 @@ def _load_preset(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
 
 def _read_toml(path: Path) -> dict:
     """A pair file's keys, checked: it exists, parses, has only `TOML_KEYS` and the required ones."""
-    if not path.is_file():
-        raise InputError(f"pair file not found: {path}")
-    try:
-        cfg = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML: {exc}") from None
+    cfg = read_toml(path, "pair file")
     unknown = sorted(set(cfg) - TOML_KEYS)
     if unknown:
         raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(TOML_KEYS))}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import make_config
 from mismatch.pairs.registry import PAIRS
 from mismatch.probe_runs import ProbeConfig
+from mismatch.tomlfile import read_toml
 
 STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}
@@ -156,10 +156,5 @@ def load_study(path: str | Path) -> Study:
         InputError: a missing or invalid file, or an invalid study.
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"study file not found: {path}")
-    try:
-        cfg = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML: {exc}") from None
+    cfg = read_toml(path, "study file")
     return Study(str(cfg.get("name", path.stem)), path, plan_study(cfg, where=str(path), base_dir=path.parent))
