@@ -85,8 +85,12 @@ def run_id(kind: str, config: dict[str, object]) -> str:
     read back from a results table gives its run's id again."""
     if kind not in KINDS:
         raise InputError(f"unknown run kind {kind!r}; valid: {', '.join(KINDS)}")
-    canonical = {k: _canonical(v) for k, v in config.items()}
-    text = json.dumps({"kind": kind, **canonical}, sort_keys=True, default=str)
+    return content_hash({"kind": kind, **config})
+
+
+def content_hash(payload: dict[str, object]) -> str:
+    """16 hex digits of SHA-256 of `payload`'s canonical JSON (sorted keys, `_canonical` values)."""
+    text = json.dumps({k: _canonical(v) for k, v in payload.items()}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -12,7 +12,6 @@ mid-way has no record and runs again on resume: its new parts replace the old on
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -25,7 +24,7 @@ from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all
 from mismatch.probe_runs import ProbeConfig, run_probes
-from mismatch.results import FILE_SUFFIXES
+from mismatch.results import FILE_SUFFIXES, content_hash
 from mismatch.sweep.study import Study
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
@@ -34,10 +33,9 @@ Progress = Callable[[int, int, str, str], None]  # (task index, tasks, label, st
 
 
 def task_id(task: Task) -> str:
-    """16 hex digits of SHA-256 of the task's kind and configuration."""
-    kind = "probe" if isinstance(task, ProbeConfig) else "opd"
-    text = json.dumps({"kind": kind, **dataclasses.asdict(task)}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Content hash (`results.content_hash`) of the task's kind and configuration."""
+    kind = "probe group" if isinstance(task, ProbeConfig) else "opd"
+    return content_hash({"task": kind, **dataclasses.asdict(task)})
 
 
 def task_label(task: Task) -> str:
