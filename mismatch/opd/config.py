@@ -90,7 +90,8 @@ class OPDConfig:
         return dataclasses.replace(self, rollout="none", staleness=0, layers=OPDConfig.layers)
 
 
-COMPARISON_FIELDS = tuple(f.name for f in dataclasses.fields(OPDConfig) if f.name not in ROLLOUT_FIELDS)
+# what two comparable runs share: every non-rollout field, and the pair's data (`pair_sha256`)
+COMPARISON_FIELDS = (*(f.name for f in dataclasses.fields(OPDConfig) if f.name not in ROLLOUT_FIELDS), "pair_sha256")
 
 
 def _comparable(value: object) -> str:

@@ -20,6 +20,7 @@ from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.recipe import train
 from mismatch.opd.verdict import run_label
+from mismatch.pairs.registry import pair_digest
 from mismatch.results import ResultsWriter, provenance, run_id, tidy
 
 RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
@@ -31,6 +32,13 @@ def make_config(**fields: object) -> OPDConfig:
         return OPDConfig(**fields)
     except (TypeError, ValueError) as exc:
         raise InputError(str(exc).splitlines()[0]) from None
+
+
+def run_columns(config: OPDConfig) -> dict[str, object]:
+    """The configuration columns of a run's rows: every `OPDConfig` field and `pair_sha256`, the
+    digest of the pair's data (`mismatch.pairs.pair_digest`); with the toolkit's version they make
+    the run's id (`mismatch.results.run_id`)."""
+    return {**dataclasses.asdict(config), "pair_sha256": pair_digest(config.pair)}
 
 
 def plan(base: OPDConfig, rollouts: Sequence[str] = (), *, baseline: bool = False) -> list[OPDConfig]:
@@ -80,7 +88,7 @@ def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, over
     stamp = provenance()
     frames = []
     for index, config in enumerate(configs):
-        columns = dataclasses.asdict(config)
+        columns = run_columns(config)
         pending: list[dict] = []
 
         def flush(columns=columns, pending=pending) -> None:

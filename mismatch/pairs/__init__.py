@@ -8,11 +8,13 @@ from mismatch.pairs.registry import (
     Pair,
     PairSpec,
     build_and_compare,
+    build_targets,
     describe_pairs,
     list_pairs,
     load_pair,
     synthetic_recipe,
 )
 
-__all__ = ["PAIRS", "SYNTHETIC_RECIPES", "BuildReport", "Pair", "PairSpec", "build_and_compare", "describe_pairs",
+__all__ = ["PAIRS", "SYNTHETIC_RECIPES", "BuildReport", "Pair", "PairSpec", "build_and_compare", "build_targets",
+           "describe_pairs",
            "list_pairs", "load_pair", "synthetic_recipe"]

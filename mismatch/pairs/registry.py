@@ -38,7 +38,8 @@ from pathlib import Path
 from huggingface_hub import try_to_load_from_cache
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.models import LM, cache_dir, load, sha256_file, smollm2_gguf_path
+from mismatch.hashing import content_hash
+from mismatch.models import LM, cache_dir, load, sha256_file, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
@@ -109,12 +110,15 @@ class PairKind:
         name: the `PairSpec.kind` it serves.
         availability: `spec -> None` when such a pair loads here offline, else what is missing.
         load: `(spec, dtype, progress) -> Pair`, before the shared vocabulary check.
+        digest: `spec -> str`, 16 hex digits identifying the data such a pair reads (weights,
+            prompt files) without loading it (`pair_digest`).
         description: one line.
     """
 
     name: str
     availability: Callable[[PairSpec], str | None]
     load: Callable[[PairSpec, str, Progress | None], Pair]
+    digest: Callable[[PairSpec], str]
     description: str
 
 
@@ -317,6 +321,20 @@ class BuildReport:
         return line + f"; identical to the committed weights: {'yes' if self.same_as_committed else 'no'}"
 
 
+def build_targets(name: str | None, out_dir: Path | None) -> list[str]:
+    """The synthetic pairs `mismatch pairs build [NAME] [--out DIR]` builds: NAME, or all of them.
+
+    Raises:
+        InputError: NAME is not a synthetic pair, or `out_dir` is given for more than one pair.
+    """
+    names = [name] if name is not None else list(SYNTHETIC_RECIPES)
+    if out_dir is not None and len(names) != 1:
+        raise InputError("--out needs exactly one pair NAME")
+    for n in names:
+        synthetic_recipe(n)  # an unknown name fails before any work
+    return names
+
+
 def build_and_compare(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> BuildReport:
     """`build_pair`, then compare the new weights' hashes with the committed build's."""
     directory, manifest = build_pair(name, out_dir, progress)
@@ -343,6 +361,30 @@ def check_same_vocabulary(student: LM, teacher: LM, name: str) -> None:
                                  f"teacher {teacher.name} has {tv}")
 
 
+def pair_spec(name: str) -> PairSpec:
+    """The `PairSpec` of a registered name or of a pair `.toml` file.
+
+    Raises:
+        InputError: unknown name, bad TOML.
+    """
+    if name.endswith(".toml"):
+        return toml_spec(Path(name).expanduser())
+    if name in PAIRS:
+        return PAIRS[name]
+    raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
+
+
+def pair_digest(name: str) -> str:
+    """16 hex digits identifying the data pair `name` reads — its weights (file contents), prompt
+    file and build recipe — computed without loading it; part of an OPD run's id.
+
+    Raises:
+        InputError: unknown name, bad TOML.
+    """
+    spec = pair_spec(name)
+    return content_hash({"kind": spec.kind, "data": pair_kind(spec).digest(spec)})
+
+
 def load_pair(name: str, *, dtype: str = "fp32", progress: Progress | None = None) -> Pair:
     """Load a registered pair by name, or a user pair from a TOML file path.
 
@@ -356,12 +398,7 @@ def load_pair(name: str, *, dtype: str = "fp32", progress: Progress | None = Non
         VocabMismatchError: student and teacher do not share a vocabulary.
         InputError: unknown name, bad TOML.
     """
-    if name.endswith(".toml"):
-        spec = toml_spec(Path(name).expanduser())
-    elif name in PAIRS:
-        spec = PAIRS[name]
-    else:
-        raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
+    spec = pair_spec(name)
     pair = pair_kind(spec).load(spec, dtype, progress)
     check_same_vocabulary(pair.student, pair.teacher, pair.name)
     return pair
@@ -448,11 +485,36 @@ def _load_toml(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
                 max_new_tokens=int(cfg.get("max_new_tokens", 256)), description=spec.description)
 
 
+def _synthetic_digest(spec: PairSpec) -> str:
+    """The files of a valid build (committed or cached), else the recipe it will be built from."""
+    recipe = SYNTHETIC_RECIPES[spec.name]
+    for directory in (committed_dir(spec.name), cache_build_dir(spec.name)):
+        manifest = _valid_build(directory, recipe)
+        if manifest is not None:
+            return content_hash(manifest["files"])
+    return f"recipe:{recipe.digest()}"
+
+
+def _toml_digest(spec: PairSpec) -> str:
+    path = spec.source
+    if path is None or not path.is_file():
+        return f"unavailable:{path}"
+    cfg = _read_toml(path)
+    models = {role: weights_digest(str(path.parent / cfg[role]) if (path.parent / cfg[role]).exists() else cfg[role])
+              for role in ("student", "teacher")}
+    prompts = path.parent / cfg["prompts"]
+    return content_hash({"file": sha256_file(path), **models,
+                           "prompts": sha256_file(prompts) if prompts.is_file() else f"unavailable:{prompts}"})
+
+
 register_pair_kind(PairKind(name="pretrained", availability=_pretrained_availability, load=_load_pretrained,
+                            digest=lambda spec: weights_digest("smollm2-135m"),
                             description="context distillation on the real SmolLM2-135M-Instruct weights"))
 register_pair_kind(PairKind(name="synthetic", availability=_always_available, load=_load_synthetic,
+                            digest=_synthetic_digest,
                             description="small models trained here from scratch (committed or cached weights)"))
 register_pair_kind(PairKind(name="preset", availability=_preset_availability, load=_load_preset,
+                            digest=lambda spec: content_hash({r: weights_digest(r) for r in (spec.student, spec.teacher)}),
                             description="real checkpoints from the local Hugging Face cache only"))
-register_pair_kind(PairKind(name="toml", availability=_always_available, load=_load_toml,
+register_pair_kind(PairKind(name="toml", availability=_always_available, load=_load_toml, digest=_toml_digest,
                             description="a user pair declared in a .toml file (keys in TOML_KEYS)"))

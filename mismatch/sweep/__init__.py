@@ -1,8 +1,9 @@
-"""Sweeps: a study file (TOML) → a validated grid of runs (`study`) → one results dataset, serial and
-resumable (`runner`)."""
+"""Sweeps: a study file (TOML) → a validated grid of runs (`study`) → tasks run into one results
+dataset (`tasks`), serially or on Ray (`runner`, `ray_pool`), resumable through a ledger."""
 
-from mismatch.sweep.runner import SweepReport, read_ledger, run_study, task_id, task_label
+from mismatch.sweep.runner import SweepReport, run_study
 from mismatch.sweep.study import Plan, Study, load_study, plan_study
+from mismatch.sweep.tasks import execute, read_ledger, task_id, task_label
 
-__all__ = ["Plan", "Study", "SweepReport", "load_study", "plan_study", "read_ledger", "run_study", "task_id",
-           "task_label"]
+__all__ = ["Plan", "Study", "SweepReport", "execute", "load_study", "plan_study", "read_ledger", "run_study",
+           "task_id", "task_label"]

@@ -1,49 +1,20 @@
-"""Running a study's plan into one results dataset: serial, resumable, failures recorded.
+"""Running a study's plan into one results dataset: serial or on Ray, resumable, failures recorded.
 
-Each planned task — a probe group (one reference pass, many candidates) or one OPD run — writes
-its rows into the results dataset (`mismatch.results`, parts written atomically) and, when it
-ends, a ledger record `DIR/_sweep/<task id>.json` (also written to a temporary name and renamed):
-`done`, or `failed` with the error's message and a traceback summary. The sweep goes on after a
-failure. `resume` skips tasks recorded done; `retry_failed` also reruns failed ones. A task killed
-mid-way has no record and runs again on resume: its new parts replace the old ones once it ends
-(`ResultsWriter.finish`), so a resumed sweep ends with the same rows as an uninterrupted one.
+Serially (the default) every task runs in this process, one after the other; with `workers` or
+`ray_address` each runs as a Ray task (`mismatch.sweep.ray_pool`). Either way a task writes its own
+parts and its ledger record (`mismatch.sweep.tasks.execute`), so `resume` works the same after
+either, and both give the same rows (bit for bit at equal torch thread counts).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch.errors import InputError
-from mismatch.opd.config import OPDConfig
-from mismatch.opd.runs import run_all
-from mismatch.probe_runs import ProbeConfig, run_probes
-from mismatch.results import FILE_SUFFIXES, content_hash
+from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.study import Study
-
-LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
-Task = ProbeConfig | OPDConfig
-Progress = Callable[[int, int, str, str], None]  # (task index, tasks, label, status)
-
-
-def task_id(task: Task) -> str:
-    """Content hash (`results.content_hash`) of the task's kind and configuration."""
-    kind = "probe group" if isinstance(task, ProbeConfig) else "opd"
-    return content_hash({"task": kind, **dataclasses.asdict(task)})
-
-
-def task_label(task: Task) -> str:
-    """A short human label: `probe MODEL [scope] seed S` or `opd PAIR ROLLOUT loss lr seed`."""
-    if isinstance(task, ProbeConfig):
-        scope = "isolation map" if task.each_layer else task.layers
-        return f"probe {task.reference} [{scope}] seed {task.seed}"
-    return f"opd {task.pair} {task.rollout} {task.loss} lr {task.lr:g} tis {task.tis_cap} seed {task.seed}"
+from mismatch.sweep.tasks import Progress, execute, pending_tasks, task_id, task_label
 
 
 @dataclass(frozen=True)
@@ -55,68 +26,45 @@ class SweepReport:
     failed: dict[str, str]
 
 
-def read_ledger(out: str | Path) -> dict[str, dict]:
-    """`task id → record` of every finished task (`status` done or failed) in a results directory."""
-    folder = Path(out) / LEDGER
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
-
-
-def _record(out: Path, tid: str, record: dict) -> None:
-    folder = out / LEDGER
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{tid}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    os.replace(tmp, folder / f"{tid}.json")
-
-
-def _run_task(task: Task, out: Path) -> None:
-    if isinstance(task, ProbeConfig):
-        run_probes(task, out=out)
-    else:
-        run_all([task], out=out)
-
-
 def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_failed: bool = False,
+              workers: int | None = None, ray_address: str | None = None, threads: int | None = None,
               progress: Progress | None = None) -> SweepReport:
     """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`.
 
     Args:
         resume: skip tasks the ledger records as done (and, unless `retry_failed`, as failed).
         retry_failed: with `resume`, run failed tasks again.
-        progress: `progress(index, tasks, label, status)` before (`running`) and after each task.
+        workers: run as Ray tasks, at most `workers` at a time, on a local Ray instance started for
+            the sweep (`mismatch.sweep.ray_pool`); None with no `ray_address`: serial, in-process.
+        ray_address: join an existing Ray cluster (`auto` or `HOST:PORT`) instead; `out` must then be
+            storage every node shares, and every node needs this package installed.
+        threads: torch threads per task; default: all cores serially, cores ÷ workers on a local Ray.
+        progress: `progress(index, tasks, label, status)` when a task starts (`running`) and ends.
 
     Returns:
         Which tasks ran, were skipped, and failed (message); failures never stop the sweep.
 
     Raises:
-        InputError: `out` is a results file rather than a directory.
+        InputError: `out` is a results file rather than a directory; `workers` < 1.
     """
     out = Path(out)
     if out.suffix in FILE_SUFFIXES or out.is_file():
         raise InputError(f"a sweep writes into a results directory (with its ledger), not a file: {out}")
-    ledger = read_ledger(out) if resume else {}
-    tasks = [*study.plan.probes, *study.plan.opd]
-    ran, skipped, failed = [], [], {}
-    for index, task in enumerate(tasks):
-        tid, label = task_id(task), task_label(task)
-        status = ledger.get(tid, {}).get("status")
-        if status == "done" or (status == "failed" and not retry_failed):
-            skipped.append(tid)
-            continue
-        if progress is not None:
-            progress(index, len(tasks), label, "running")
-        start = time.perf_counter()
-        try:
-            _run_task(task, out)
-            record = {"status": "done"}
-        except Exception as exc:  # noqa: BLE001 - a sweep records every failure and goes on
-            message = str(exc).splitlines()[0] if str(exc) else ""
-            record = {"status": "failed", "error": f"{type(exc).__name__}: {message}",
-                      "traceback": traceback.format_exc(limit=-3).splitlines()[-6:]}
-            failed[tid] = record["error"]
-        _record(out, tid, {**record, "task": label, "seconds": round(time.perf_counter() - start, 3),
-                           "config": dataclasses.asdict(task)})
-        ran.append(tid)
-        if progress is not None:
-            progress(index, len(tasks), label, record["status"])
-    return SweepReport(tuple(ran), tuple(skipped), failed)
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be ≥ 1, got {workers}")
+    todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume, retry_failed=retry_failed)
+    if workers is not None or ray_address is not None:
+        from mismatch.sweep.ray_pool import run_on_ray  # Ray loads only when asked for
+
+        records = run_on_ray(todo, out, workers=workers, address=ray_address, threads=threads, progress=progress)
+    else:
+        records = []
+        for index, task in enumerate(todo):
+            if progress is not None:
+                progress(index, len(todo), task_label(task), "running")
+            records.append(execute(task, out, threads))
+            if progress is not None:
+                progress(index, len(todo), task_label(task), records[-1]["status"])
+    ids = [task_id(t) for t in todo]
+    failed = {tid: r["error"] for tid, r in zip(ids, records) if r["status"] == "failed"}
+    return SweepReport(tuple(ids), tuple(skipped), failed)

@@ -114,9 +114,10 @@ def test_verdicts_are_the_same_after_a_round_trip_through_storage(tmp_path, dest
     assert got["kl_ratio"].tolist() == pytest.approx([1.0, 2.1 / 2.0, 1.0, 3.15 / 3.0])
 
 
-def test_comparison_fields_are_every_config_field_but_the_rollout_ones():
+def test_comparison_fields_are_every_config_field_but_the_rollout_ones_and_the_pair_data():
     names = {f.name for f in dataclasses.fields(OPDConfig)}
-    assert set(COMPARISON_FIELDS) == names - set(ROLLOUT_FIELDS) and len(COMPARISON_FIELDS) == len(names) - 3
+    assert set(COMPARISON_FIELDS) == names - set(ROLLOUT_FIELDS) | {"pair_sha256"}
+    assert len(COMPARISON_FIELDS) == len(names) - 3 + 1
 
 
 def test_report_files_hold_the_verdict_numbers(rows, tmp_path):

@@ -1,0 +1,124 @@
+"""One sweep task — a probe group (one reference pass, many candidates) or one OPD run — run into a
+results dataset, and the ledger that records how each task ended.
+
+A task writes its rows into the results dataset (`mismatch.results`, parts written atomically) and,
+when it ends, a ledger record `DIR/_sweep/<task id>.json` (also written to a temporary name and
+renamed): `done`, or `failed` with the error's message and a traceback summary. A task killed
+mid-way has no record and runs again on resume: its new parts replace the old ones once it ends
+(`ResultsWriter.finish`), so a resumed sweep ends with the same rows as an uninterrupted one. A
+task's id (`task_id`) hashes its configuration, the digests of the data it reads and the toolkit
+version."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from mismatch.hashing import content_hash
+from mismatch.models import sha256_file, weights_digest
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.runs import run_all, run_columns
+from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.version import __version__
+
+LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
+Task = ProbeConfig | OPDConfig
+Progress = Callable[[int, int, str, str], None]  # (task index, tasks, label, status)
+
+
+def task_columns(task: Task) -> dict[str, object]:
+    """What a task's id hashes: its configuration and the digests of the data it reads (the pair's
+    weights for an OPD run; the reference's weights and the prompt file for a probe group)."""
+    if isinstance(task, OPDConfig):
+        return {"task": "opd", **run_columns(task)}
+    prompts = Path(task.prompts) if task.prompts is not None else None
+    return {"task": "probe group", **dataclasses.asdict(task), "reference_sha256": weights_digest(task.reference),
+            "candidate_sha256": weights_digest(task.candidate) if task.candidate else None,
+            "prompts_sha256": sha256_file(prompts) if prompts is not None and prompts.is_file() else None}
+
+
+def task_id(task: Task) -> str:
+    """Content hash (`mismatch.hashing.content_hash`) of the task's kind, configuration, data digests
+    (`task_columns`) and the toolkit's version: a changed pair, prompt file or toolkit reruns it."""
+    return content_hash({**task_columns(task), "mismatch_version": __version__})
+
+
+def task_label(task: Task) -> str:
+    """A short human label: `probe MODEL [scope] seed S` or `opd PAIR ROLLOUT loss lr seed`."""
+    if isinstance(task, ProbeConfig):
+        scope = "isolation map" if task.each_layer else task.layers
+        return f"probe {task.reference} [{scope}] seed {task.seed}"
+    return f"opd {task.pair} {task.rollout} {task.loss} lr {task.lr:g} tis {task.tis_cap} seed {task.seed}"
+
+
+def read_ledger(out: str | Path) -> dict[str, dict]:
+    """`task id → record` of every finished task (`status` done or failed) in a results directory."""
+    folder = Path(out) / LEDGER
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+def write_record(out: Path, tid: str, record: dict) -> None:
+    """Write a task's ledger record `out/_sweep/<tid>.json` atomically (temporary name, rename)."""
+    folder = out / LEDGER
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{tid}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    os.replace(tmp, folder / f"{tid}.json")
+
+
+def _run_task(task: Task, out: Path) -> None:
+    if isinstance(task, ProbeConfig):
+        run_probes(task, out=out)
+    else:
+        run_all([task], out=out)
+
+
+def execute(task: Task, out: str | Path, threads: int | None = None) -> dict:
+    """Run one task into the results directory `out` and record how it ended in the ledger.
+
+    Args:
+        threads: torch intra-op threads for the task (None: leave as is). fp32 sums depend on it in
+            the last bits, so rows are bit-identical between runs with equal thread counts.
+
+    Returns:
+        The ledger record: `status` done / failed (with `error`, one line, and `traceback`, its last
+        frames), `task` label, `seconds`, torch `threads`, the process `pid`, `config`. A task's own
+        exception never propagates.
+    """
+    out = Path(out)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        _run_task(task, out)
+        record: dict = {"status": "done"}
+    except Exception as exc:  # noqa: BLE001 - a sweep records every failure and goes on
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        record = {"status": "failed", "error": f"{type(exc).__name__}: {message}",
+                  "traceback": traceback.format_exc(limit=-3).splitlines()[-6:]}
+    record.update(task=task_label(task), seconds=round(time.perf_counter() - start, 3),
+                  threads=torch.get_num_threads(), pid=os.getpid(), config=dataclasses.asdict(task))
+    write_record(out, task_id(task), record)
+    return record
+
+
+def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_failed: bool
+                  ) -> tuple[list[Task], list[str]]:
+    """The tasks still to run (in their order) and the ids of those skipped: with `resume`, the ones
+    the ledger in `out` records as done, and as failed unless `retry_failed`."""
+    ledger = read_ledger(out) if resume else {}
+    todo, skipped = [], []
+    for task in tasks:
+        status = ledger.get(task_id(task), {}).get("status")
+        if status == "done" or (status == "failed" and not retry_failed):
+            skipped.append(task_id(task))
+        else:
+            todo.append(task)
+    return todo, skipped
