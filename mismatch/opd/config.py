@@ -28,7 +28,7 @@ class OPDConfig:
     """One OPD run. Flattens to result columns (`dataclasses.asdict`)."""
 
     pair: str
-    rollout: str = "none"  # perturbation spec of the rollout copy, `stale:K`, or none
+    rollout: str = "none"  # perturbation spec of the rollout copy, `stale:K`, `reuse:R`, or none
     staleness: int = 0  # K: rollouts from weights K optimizer steps old
     layers: str = "linear"  # scope of the rollout perturbation
     loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (README)
@@ -81,9 +81,14 @@ class OPDConfig:
         return split_rollout_spec(self.rollout, self.staleness)[1]
 
     @property
+    def rollout_reuse(self) -> int:
+        """R: optimizer steps trained on each rollout batch (`reuse:R`; 1 otherwise)."""
+        return split_rollout_spec(self.rollout, self.staleness)[2]
+
+    @property
     def is_clean(self) -> bool:
-        """Rollouts from the student itself: no perturbation, no lag."""
-        return self.rollout_spec is None and self.rollout_staleness == 0
+        """Rollouts from the student itself, fresh every step: no perturbation, no lag, no reuse."""
+        return self.rollout_spec is None and self.rollout_staleness == 0 and self.rollout_reuse == 1
 
     def clean(self) -> OPDConfig:
         """The same run with clean rollouts: its baseline."""

@@ -130,8 +130,18 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
 
 
 @dataclass
+class RolloutBatch:
+    """A sampled rollout batch with the teacher's head inputs on it, and how many updates used it."""
+
+    rollout: Rollout
+    hidden_T: torch.Tensor  # [N, D]
+    updates: int = 0
+
+
+@dataclass
 class OPDRun:
-    """The live state of one run: the pair, the rollout copy, the optimizer, the prompt pools."""
+    """The live state of one run: the pair, the rollout copy, the optimizer, the prompt pools, and
+    the current rollout batch (trained on for `config.rollout_reuse` steps before a new one)."""
 
     config: OPDConfig
     pair: Pair
@@ -142,6 +152,7 @@ class OPDRun:
     train_pool: list[str]
     eval_set: list[str]
     max_new_tokens: int
+    batch: RolloutBatch | None = None
 
     @property
     def student(self) -> LM:
@@ -229,12 +240,22 @@ def evaluate(run: OPDRun) -> dict[str, float]:
 
 
 def opd_step(run: OPDRun, step: int) -> dict[str, float]:
-    """Steps 1–4 for optimizer step `step` (1-based); returns the step's metrics with timings."""
+    """Steps 1–4 for optimizer step `step` (1-based); returns the step's metrics with timings.
+
+    With `reuse:R` a new batch is sampled and scored by the teacher only every R steps; the steps
+    between train on the same tokens (the teacher's scores of them are kept: they do not change).
+    """
     t0 = time.perf_counter()
-    prompts = run.rng.sample(run.train_pool, run.config.batch_size)
-    rollout, t_batch = sample_rollouts(run, prompts, step)
-    t1 = time.perf_counter()
-    hidden_T = score_with_teacher(run, t_batch)
+    fresh = run.batch is None or run.batch.updates >= run.config.rollout_reuse
+    if fresh:
+        prompts = run.rng.sample(run.train_pool, run.config.batch_size)
+        rollout, t_batch = sample_rollouts(run, prompts, step)
+        t1 = time.perf_counter()
+        run.batch = RolloutBatch(rollout, score_with_teacher(run, t_batch))
+    else:
+        t1 = t0
+    rollout, hidden_T, age = run.batch.rollout, run.batch.hidden_T, run.batch.updates
+    run.batch.updates += 1
     t2 = time.perf_counter()
     result, grad_norm, lr = update(run, rollout, hidden_T)
     t3 = time.perf_counter()
@@ -248,6 +269,7 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
             "rollout_s": t1 - t0, "teacher_s": t2 - t1, "update_s": t3 - t2,
             "metrics_s": t4 - t3 + result.logp_seconds, "refresh_s": t5 - t4,
             "wall_s": t5 - t0, "tokens_per_s": n_tokens / (t5 - t0), "served_version": served,
+            "rollouts": len(rollout.batch.input_ids) if fresh else 0, "batch_age": age,
             **{f"mismatch_{k}": v for k, v in mismatch.items()}}
 
 
@@ -265,7 +287,9 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
     Returns:
         Rows `{"step", "metric", "value"}`. Per step: loss, grad_norm, lr (of this step's update),
         tokens, tokens_per_s, wall_s, rollout_s, teacher_s, update_s, metrics_s (the student's
-        sampled-token log-probs and the mismatch metrics), refresh_s, served_version and the
+        sampled-token log-probs and the mismatch metrics), refresh_s, served_version, rollouts
+        (responses sampled this step: the batch size, or 0 on a step that reuses the batch),
+        batch_age (updates the batch had before this one: 0 when fresh) and the
         mismatch metrics on the step's own rollout tokens (mismatch_kl, mismatch_k3,
         mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac, mismatch_chi2_token); at
         evaluation steps heldout_rkl and, with a task, heldout_accuracy (exact match of the

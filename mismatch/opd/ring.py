@@ -18,22 +18,25 @@ import torch
 from torch import nn
 
 from mismatch.perturb import perturb_, restore_
-from mismatch.perturb.spec import StaleConfig, parse_spec
+from mismatch.perturb.spec import ReuseConfig, StaleConfig, parse_spec
 
 
 NO_ROLLOUT_SPECS = ("", "none")  # rollout specs meaning "no perturbation": the student's own weights
 
 
-def split_rollout_spec(spec: str | None, staleness: int) -> tuple[str | None, int]:
-    """`(perturbation spec or None, staleness)` from a rollout spec that may be `stale:K`."""
+def split_rollout_spec(spec: str | None, staleness: int) -> tuple[str | None, int, int]:
+    """`(perturbation spec or None, staleness K, reuse R)` from a rollout spec that may be `stale:K`
+    or `reuse:R` (a perturbation spec has R = 1: a fresh batch every step)."""
     if spec is None or spec in NO_ROLLOUT_SPECS:
-        return None, staleness
+        return None, staleness, 1
     config = parse_spec(spec)
     if isinstance(config, StaleConfig):
         if staleness not in (0, config.steps):
             raise ValueError(f"rollout {spec} and staleness {staleness} disagree")
-        return None, config.steps
-    return str(config), staleness
+        return None, config.steps, 1
+    if isinstance(config, ReuseConfig):
+        return None, staleness, config.steps
+    return str(config), staleness, 1
 
 
 class RolloutCopy:

@@ -206,4 +206,28 @@ class StaleConfig:
         return f"stale:{self.steps}"
 
 
-PerturbConfig = FP8Config | IntConfig | DtypeConfig | NoiseConfig | BnbConfig | QuantoConfig | StaleConfig
+@dataclass(frozen=True, kw_only=True)
+class ReuseConfig:
+    """One rollout batch trained on for `steps` consecutive optimizer steps (PPO/GRPO-style
+    iterations; 1 is clean). Exists only inside an OPD trajectory."""
+
+    steps: int
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise InputError(f"reuse needs ≥ 1 optimizer step per rollout batch, got {self.steps}")
+
+    @classmethod
+    def from_spec(cls, text: SpecText) -> ReuseConfig:
+        try:
+            (steps,) = text.options
+            value = int(steps)
+        except ValueError:
+            raise InputError(f"reuse needs an integer number of steps, e.g. reuse:4; got {text.spec!r}") from None
+        return cls(steps=value)
+
+    def __str__(self) -> str:
+        return f"reuse:{self.steps}"
+
+
+PerturbConfig = FP8Config | IntConfig | DtypeConfig | NoiseConfig | BnbConfig | QuantoConfig | StaleConfig | ReuseConfig

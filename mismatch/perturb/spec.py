@@ -21,12 +21,14 @@ from mismatch.perturb.configs import (
     PerturbConfig,
     QuantoConfig,
     SpecText,
+    ReuseConfig,
     StaleConfig,
 )
 from mismatch.perturb.registry import kind_named, kind_names, valid_kinds
 
 __all__ = ["FP8_GRANULARITIES", "KINDS", "BnbConfig", "DtypeConfig", "FP8Config", "IntConfig", "NoiseConfig",
-           "PerturbConfig", "QuantoConfig", "StaleConfig", "parse_spec"]
+           "PerturbConfig", "QuantoConfig", "ReuseConfig", "StaleConfig",
+           "parse_spec"]
 
 KINDS: tuple[str, ...] = kind_names()  # the spec names registered above, in registration order
 

@@ -7,6 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 import mismatch
+from mismatch.errors import InputError
 from mismatch.cli import app
 from mismatch.opd import OPDConfig, train
 from mismatch.opd.losses import tis_weights
@@ -45,6 +46,7 @@ def test_stale_zero_reproduces_the_clean_run_bit_for_bit():
     timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
     strip = lambda rows: [r for r in rows if r["metric"] not in timing]  # noqa: E731
     assert strip(clean) == strip(stale0)
+    assert strip(train(OPDConfig(**SHORT, rollout="reuse:1"))) == strip(clean)
     again = train(OPDConfig(**SHORT))
     assert strip(again) == strip(clean)  # same config and seed, same numbers
 
@@ -57,6 +59,19 @@ def test_stale_run_serves_old_weights_and_differs():
     assert _by(rows, "mismatch_logp_abs_diff_max")[3] > 0.0
 
 
+def test_reuse_trains_on_one_batch_for_r_steps():
+    clean = train(OPDConfig(**{**SHORT, "steps": 4}))
+    rows = train(OPDConfig(**{**SHORT, "steps": 4}, rollout="reuse:2"))
+    assert _by(rows, "rollouts") == {1: 8, 2: 0, 3: 8, 4: 0} and _by(clean, "rollouts") == {s: 8 for s in range(1, 5)}
+    assert _by(rows, "batch_age") == {1: 0, 2: 1, 3: 0, 4: 1}
+    tokens = _by(rows, "tokens")
+    assert tokens[1] == tokens[2] and tokens[3] == tokens[4]  # the same responses twice
+    assert _by(rows, "loss")[1] == _by(clean, "loss")[1]  # step 1: the same batch and weights as clean
+    diff = _by(rows, "mismatch_logp_abs_diff_max")
+    assert diff[1] == diff[3] == 0.0 and diff[2] > 0 and diff[4] > 0  # fresh: on-policy; reused: one update old
+    assert _by(rows, "rollout_s")[2] == 0.0 and _by(rows, "rollout_s")[3] > 0
+
+
 def test_bad_input_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="staleness must be ≥ 0"):
         OPDConfig(pair="sort-gpt2", staleness=-1)
@@ -64,6 +79,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
         OPDConfig(pair="sort-gpt2", loss="kl")
     with pytest.raises(ValueError, match="unknown perturbation kind"):
         OPDConfig(pair="sort-gpt2", rollout="fp9")
+    with pytest.raises(InputError, match="reuse needs ≥ 1"):
+        OPDConfig(pair="sort-gpt2", rollout="reuse:0")
     res = runner.invoke(app, ["opd", "--pair", "sort-gpt2", "--staleness", "-1"])
     assert res.exit_code == 2 and res.output.startswith("error: staleness must be ≥ 0")
     res = runner.invoke(app, ["opd", "--pair", "sort-gpt2", "--loss", "kl"])

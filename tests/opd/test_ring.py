@@ -56,9 +56,11 @@ def test_perturbation_is_reapplied_to_the_served_weights(tiny):
 
 
 def test_split_rollout_spec_and_errors():
-    assert split_rollout_spec("none", 0) == (None, 0)
-    assert split_rollout_spec("stale:4", 0) == (None, 4)
-    assert split_rollout_spec("int4:group128", 2) == ("int4:group128", 2)
+    assert split_rollout_spec("none", 0) == (None, 0, 1)
+    assert split_rollout_spec("stale:4", 0) == (None, 4, 1)
+    assert split_rollout_spec("int4:group128", 2) == ("int4:group128", 2, 1)
+    assert split_rollout_spec("reuse:4", 0) == (None, 0, 4)
+    assert split_rollout_spec("reuse:4", 2) == (None, 2, 4)
     with pytest.raises(ValueError, match="disagree"):
         split_rollout_spec("stale:4", 2)
     with pytest.raises(ValueError):

@@ -119,27 +119,27 @@ def test_a_new_kind_is_parsed_listed_rendered_and_applied(tiny, monkeypatch):
     monkeypatch.setattr(registry, "_BY_CONFIG", dict(registry._BY_CONFIG))
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
-    class ReuseConfig:
+    class RepeatConfig:
         steps: int
 
         @classmethod
-        def from_spec(cls, text: SpecText) -> "ReuseConfig":
+        def from_spec(cls, text: SpecText) -> "RepeatConfig":
             return cls(steps=int(text.options[0]))
 
         def __str__(self) -> str:
-            return f"reuse:{self.steps}"
+            return f"repeat:{self.steps}"
 
     applied = []
-    register_kind(Kind(names=("reuse",), config=ReuseConfig, parse=ReuseConfig.from_spec,
+    register_kind(Kind(names=("repeat",), config=RepeatConfig, parse=RepeatConfig.from_spec,
                        apply=lambda config, *_: applied.append(config), backend=Backend.OPD,
-                       usage=("reuse:R",), description="one rollout batch, R optimizer steps", examples=("reuse:2",)))
-    assert parse_spec("reuse:2") == ReuseConfig(steps=2)
-    assert "reuse" in registry.valid_kinds()
-    assert registry.kind_names()[-2:] == ("stale", "reuse")  # OPD-only kinds last, in registration order
-    assert render_spec_table().splitlines()[-1] == "| `reuse:R` | OPD only | one rollout batch, R optimizer steps |"
+                       usage=("repeat:R",), description="one rollout batch, R optimizer steps", examples=("repeat:2",)))
+    assert parse_spec("repeat:2") == RepeatConfig(steps=2)
+    assert "repeat" in registry.valid_kinds()
+    assert registry.kind_names()[-3:] == ("stale", "reuse", "repeat")  # OPD-only kinds last, in registration order
+    assert render_spec_table().splitlines()[-1] == "| `repeat:R` | OPD only | one rollout batch, R optimizer steps |"
     model = tiny("tiny-llama").model
-    with perturbed(model, "reuse:2"):
-        assert applied == [ReuseConfig(steps=2)]
+    with perturbed(model, "repeat:2"):
+        assert applied == [RepeatConfig(steps=2)]
 
 
 def test_is_perturbed_reads_without_creating_state(tiny):

@@ -28,6 +28,7 @@ CANONICAL = {
     "quanto-int4": {"weights": "int4", "activations": False},
     "quanto-fp8:a8": {"weights": "fp8", "activations": True},
     "stale:4": {"steps": 4},
+    "reuse:4": {"steps": 4},
 }
 
 
@@ -53,7 +54,7 @@ def test_aliases_and_defaults():
     ("fp9", "valid kinds: fp8-e4m3"), ("fp8-e4m3:row", "valid: tensor, channel, block128"),
     ("noise:abc", "noise:0.01"), ("noise:-1", "≥ 0"), ("int4:group0", "groupN"),
     ("dtype:fp64", "valid: bf16, fp16"), ("bnb-int8:x", "takes no options"),
-    ("quanto-int2", "valid kinds"), ("quanto-int8:w8", "only the option a8"), ("stale:-1", "≥ 0"),
+    ("quanto-int2", "valid kinds"), ("quanto-int8:w8", "only the option a8"), ("stale:-1", "≥ 0"), ("reuse:0", "≥ 1"), ("reuse:x", "reuse:4"),
     ("", "valid kinds"), ("fp8-e4m3:tensor,channel", "one scale"),
 ])
 def test_bad_specs(spec, message):
@@ -64,5 +65,5 @@ def test_bad_specs(spec, message):
 
 def test_every_kind_is_registered_in_order():
     assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
-                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "stale")
+                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "stale", "reuse")
     assert {spec.partition(":")[0] for spec in CANONICAL} == set(KINDS)
