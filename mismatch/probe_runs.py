@@ -21,6 +21,7 @@ import pandas as pd
 from mismatch.errors import InputError
 from mismatch.layout import model_layout
 from mismatch.models import LM, load, parse_dtype, weights_digest
+from mismatch.pairs.registry import member_spec
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.scope import first_block
 from mismatch.probes import DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, TOKEN_COLUMNS, ProbeResult, probe, reference
@@ -135,9 +136,15 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
             "min_new_tokens": config.min_new_tokens, "temperature": config.temperature,
             "prompts": config.prompts if config.prompts is not None else "inline", "n_prompts": len(texts),
             "prompts_sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16],
-            "reference_sha256": weights_digest(config.reference),
-            "candidate_sha256": weights_digest(config.candidate) if config.candidate else None,
+            "reference_sha256": weights_digest(member_spec(config.reference)),
+            "candidate_sha256": weights_digest(member_spec(config.candidate)) if config.candidate else None,
             "per_layer": config.per_layer, "chunk_tokens": config.chunk_tokens}
+
+
+def load_member(spec: str, **kwargs) -> LM:
+    """`mismatch.load`, also of a pair's model (`PAIR:student`, `PAIR:teacher`), named by `spec`."""
+    lm = load(member_spec(spec), **kwargs)
+    return LM(lm.model, lm.tokenizer, spec)
 
 
 def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite: bool = False,
@@ -168,7 +175,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
             writer.finish("probe", rows["run_id"].iloc[0])
 
     say("loading models…")
-    ref_lm = load(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed)
+    ref_lm = load_member(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed)
     if config.perturb:
         scopes = ([str(i) for i in range(len(model_layout(ref_lm.model).layers))] if config.each_layer
                   else [config.layers])
@@ -180,7 +187,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
                                 clip=config.clip, chunk_tokens=config.chunk_tokens, seed=config.seed,
                                 on_result=write, status=say)
     same = (config.reference, parse_dtype(config.ref_dtype)) == (config.candidate, parse_dtype(config.cand_dtype))
-    cand_lm = ref_lm if same else load(config.candidate, dtype=parse_dtype(config.cand_dtype), seed=config.seed)
+    cand_lm = ref_lm if same else load_member(config.candidate, dtype=parse_dtype(config.cand_dtype), seed=config.seed)
     batch = _batch(config, ref_lm, texts)
     say(f"probing {batch.response_tokens} tokens…")
     result = CandidateResult("none", "none", probe(ref_lm, cand_lm, batch.input_ids, batch.attention_mask,

@@ -39,6 +39,7 @@ class OPDConfig:
     decay: str = "cosine"  # after warm-up: cosine to final_lr_frac·lr at the last step, or constant
     final_lr_frac: float = 0.1
     weight_decay: float = 0.0
+    adam_beta1: float = 0.9  # AdamW's momentum: with it, consecutive updates align and lagged rollouts trail them
     grad_clip: float = 1.0
     temperature: float = 1.0
     top_p: float | None = None
@@ -66,6 +67,8 @@ class OPDConfig:
             raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        if not 0 <= self.adam_beta1 < 1:
+            raise ValueError(f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
         split_rollout_spec(self.rollout, self.staleness)  # a bad spec fails here, before any work

@@ -178,7 +178,8 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
                                      context=pair.student_context)[0]])
     copy = RolloutCopy(pair.student.model, spec, config.rollout_staleness, layers=config.layers, seed=config.seed,
                        calibration_ids=calib, share=config.rollout in NO_ROLLOUT_SPECS)
-    opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                            betas=(config.adam_beta1, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
     return OPDRun(config, pair, copy, opt, sched, random.Random(config.seed), train_pool, eval_set,
                   config.max_new_tokens or pair.max_new_tokens)

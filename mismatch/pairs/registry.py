@@ -374,6 +374,30 @@ def pair_spec(name: str) -> PairSpec:
     raise InputError(f"unknown pair {name!r}; known: {', '.join(PAIRS)} (or a path to a pair .toml)")
 
 
+MEMBER_ROLES = ("student", "teacher")
+
+
+def member_spec(spec: str) -> str:
+    """The model spec `mismatch.load` takes for `PAIR:student` / `PAIR:teacher` (a pair's model as a
+    probe reference: the synthetic pairs' weight directory, `smollm2-135m`, a preset's hub id);
+    any other spec is returned unchanged.
+
+    Raises:
+        InputError: `PAIR:ROLE` with an unknown pair or role.
+    """
+    name, sep, role = spec.rpartition(":")
+    if not sep or name not in PAIRS:
+        return spec
+    if role not in MEMBER_ROLES:
+        raise InputError(f"{spec}: a pair's model is PAIR:student or PAIR:teacher")
+    pair = PAIRS[name]
+    if pair.kind == "synthetic":
+        return str(synthetic_dir(name)[0] / role)
+    if pair.kind == "pretrained":
+        return "smollm2-135m"
+    return pair.student if role == "student" else pair.teacher
+
+
 def pair_digest(name: str) -> str:
     """16 hex digits identifying the data pair `name` reads — its weights (file contents), prompt
     file and build recipe — computed without loading it; part of an OPD run's id.

@@ -66,6 +66,11 @@ class FP8Config:
     def __str__(self) -> str:
         return f"fp8-{self.fmt}:{self.granularity}" + (",w8a8" if self.w8a8 else "")
 
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per weight: 8 (one fp32 scale per tensor, row or 128×128 block adds < 0.01)."""
+        return 8.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class IntConfig:
@@ -98,6 +103,12 @@ class IntConfig:
     def __str__(self) -> str:
         return f"int{self.bits}:{self.granularity}"
 
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per weight, with one fp16 scale per group (`groupN`: bits + 16/N)."""
+        group = self.granularity.removeprefix("group")
+        return self.bits + (16 / int(group) if group.isdigit() else 0.0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class DtypeConfig:
@@ -117,6 +128,11 @@ class DtypeConfig:
 
     def __str__(self) -> str:
         return f"dtype:{self.dtype}"
+
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per weight: 16."""
+        return 16.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +176,12 @@ class BnbConfig:
     def __str__(self) -> str:
         return f"bnb-{self.method}"
 
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per weight: int8 8; nf4/fp4 4 + 8/64 + 32/(64·256) (blocks of 64 with
+        double-quantized absmax, bitsandbytes' `Linear4bit` default)."""
+        return 8.0 if self.method == "int8" else 4 + 8 / 64 + 32 / (64 * 256)
+
 
 @dataclass(frozen=True, kw_only=True)
 class QuantoConfig:
@@ -181,6 +203,11 @@ class QuantoConfig:
 
     def __str__(self) -> str:
         return f"quanto-{self.weights}" + (":a8" if self.activations else "")
+
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per weight: int8 / fp8 8; int4 4 + 32/128 (groups of 128 with an fp16 scale and shift)."""
+        return 4 + 32 / 128 if self.weights == "int4" else 8.0
 
 
 @dataclass(frozen=True, kw_only=True)

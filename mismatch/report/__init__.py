@@ -4,8 +4,9 @@
 hands each kind's rows to its writer:
   * `probe` runs → `report.probe.write_probe_report` (summary.md, per_layer.png, kl_cdf.png,
     layer_map.png);
-  * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md).
-Tolerance tables across seeds (the sweep) join as another writer here.
+  * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md) and
+    `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
+    probe runs on pair students beside them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
+from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
 
 
@@ -28,6 +30,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
         written += write_probe_report(of_kind(rows, "probe"), out_dir)
     if "opd" in present:
         written += write_opd_report(of_kind(rows, "opd"), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+        written += write_sweep_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
     return written
 
 
@@ -37,4 +40,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10
     return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
 
 
-__all__ = ["report", "write_opd_report", "write_probe_report", "write_reports"]
+__all__ = ["report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

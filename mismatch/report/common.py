@@ -56,6 +56,6 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def subplots(ncols: int = 1, *, figsize: tuple[float, float]):
-    """A new figure with `ncols` axes side by side."""
-    return plt.subplots(1, ncols, figsize=figsize)
+def subplots(ncols: int = 1, *, nrows: int = 1, figsize: tuple[float, float]):
+    """A new figure with `nrows` × `ncols` axes (one row: side by side)."""
+    return plt.subplots(nrows, ncols, figsize=figsize)

@@ -9,7 +9,7 @@
     chat = true
     max_new_tokens = 32
     perturb = ["fp8-e4m3:channel", "int4:group128"]
-    layers = ["linear"]           # scopes; `each_layer = true` adds the per-block isolation map
+    layers = ["linear"]           # scopes; `each_layer = true` adds the per-block isolation map (alone: layers = [])
     seeds = [0]
 
     [dynamic]                     # OPD: pairs × rollouts × losses × lrs × TIS caps × seeds
@@ -94,8 +94,11 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
     shared = {k: part[k] for k in ("max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                                    "per_layer", "ref_dtype") if k in part}
     perturb = tuple(_list(part, "perturb", where))
-    scopes = [(scope, False) for scope in _list(part, "layers", where, ["linear"])]
-    scopes += [("linear", True)] if part.get("each_layer", False) else []
+    each_layer = bool(part.get("each_layer", False))
+    layers = part.get("layers", ["linear"])
+    if not (each_layer and layers == []):  # an isolation map alone: `layers = []`, `each_layer = true`
+        layers = _list(part, "layers", where, ["linear"])
+    scopes = [(scope, False) for scope in layers] + ([("linear", True)] if each_layer else [])
     configs = []
     for model, seed, (scope, each) in itertools.product(_list(part, "models", where), _list(part, "seeds", where, [0]),
                                                          scopes):
@@ -133,8 +136,25 @@ def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     return tuple(runs)
 
 
+def _blocks(cfg: dict, key: str, valid: set[str], where: str) -> list[tuple[dict, str]]:
+    """`[key]` as one table, or `[[key]]` as several: each with the place it is reported under."""
+    value = cfg.get(key, [])
+    blocks = value if isinstance(value, list) else [value]
+    out = []
+    for i, block in enumerate(blocks):
+        label = f"{where}: [[{key}]] #{i + 1}" if isinstance(value, list) else where
+        if isinstance(block, dict) and "name" in block:
+            label = f"{where}: [[{key}]] {block['name']!r}"
+            block = {k: v for k, v in block.items() if k != "name"}
+        out.append((_table({key: block}, key, valid, label), label))
+    return out
+
+
 def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -> Plan:
     """Expand and validate a study given as a parsed TOML mapping (see the module docstring).
+
+    `[static]` and `[dynamic]` may each be given several times as arrays of tables (`[[dynamic]]`,
+    each with an optional `name`): the plan is their union, each run once, in order.
 
     Raises:
         InputError: an unknown key, spec, pair or loss, or a bad value; one line naming `where` and the key.
@@ -144,9 +164,9 @@ def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -
         raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: name, static, dynamic")
     if "static" not in cfg and "dynamic" not in cfg:
         raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
-    static = _static(_table(cfg, "static", STATIC_KEYS, where), where, base_dir) if "static" in cfg else ()
-    dynamic = _dynamic(_table(cfg, "dynamic", DYNAMIC_KEYS, where), where) if "dynamic" in cfg else ()
-    return Plan(static, dynamic)
+    static = [c for part, label in _blocks(cfg, "static", STATIC_KEYS, where) for c in _static(part, label, base_dir)]
+    dynamic = [c for part, label in _blocks(cfg, "dynamic", DYNAMIC_KEYS, where) for c in _dynamic(part, label)]
+    return Plan(tuple(dict.fromkeys(static)), tuple(dict.fromkeys(dynamic)))
 
 
 def load_study(path: str | Path) -> Study:

@@ -25,6 +25,7 @@ from mismatch.hashing import content_hash
 from mismatch.models import sha256_file, weights_digest
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all, run_columns
+from mismatch.pairs.registry import member_spec
 from mismatch.probe_runs import ProbeConfig, run_probes
 from mismatch.version import __version__
 
@@ -39,8 +40,9 @@ def task_columns(task: Task) -> dict[str, object]:
     if isinstance(task, OPDConfig):
         return {"task": "opd", **run_columns(task)}
     prompts = Path(task.prompts) if task.prompts is not None else None
-    return {"task": "probe group", **dataclasses.asdict(task), "reference_sha256": weights_digest(task.reference),
-            "candidate_sha256": weights_digest(task.candidate) if task.candidate else None,
+    return {"task": "probe group", **dataclasses.asdict(task),
+            "reference_sha256": weights_digest(member_spec(task.reference)),
+            "candidate_sha256": weights_digest(member_spec(task.candidate)) if task.candidate else None,
             "prompts_sha256": sha256_file(prompts) if prompts is not None and prompts.is_file() else None}
 
 

@@ -123,3 +123,20 @@ def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "unknown loss 'kl'" in res.output
     res = CliRunner().invoke(app, ["sweep", str(study.path), "--out", str(tmp_path / "r.parquet")])
     assert res.exit_code == 2 and "not a file" in res.output and not (tmp_path / "r.parquet").exists()
+
+
+def test_several_dynamic_blocks_are_one_plan_with_shared_baselines_once():
+    cfg = {"dynamic": [
+        {"name": "formats", "pairs": ["sort-gpt2"], "rollouts": ["fp8-e4m3", "int4:group128"], "seeds": [0, 1]},
+        {"name": "momentum", "pairs": ["sort-gpt2"], "rollouts": ["stale:1"], "seeds": [0],
+         "settings": {"adam_beta1": 0.0}},
+        {"name": "lag", "pairs": ["sort-gpt2"], "rollouts": ["stale:1", "reuse:2"], "seeds": [0]},
+    ]}
+    plan = plan_study(cfg)
+    labels = [(r.rollout, r.seed, r.adam_beta1) for r in plan.opd]
+    assert labels == [("none", 0, 0.9), ("fp8-e4m3", 0, 0.9), ("int4:group128", 0, 0.9), ("none", 1, 0.9),
+                      ("fp8-e4m3", 1, 0.9), ("int4:group128", 1, 0.9), ("none", 0, 0.0), ("stale:1", 0, 0.0),
+                      ("stale:1", 0, 0.9), ("reuse:2", 0, 0.9)]  # the β1 = 0.9 seed-0 clean run only once
+    bad = {"dynamic": [cfg["dynamic"][0], {"name": "oops", "pairs": ["sort-gpt2"], "rollout": ["x"]}]}
+    with pytest.raises(InputError, match=r"\[\[dynamic\]\] 'oops'.*unknown key 'rollout'"):
+        plan_study(bad)

@@ -1,0 +1,211 @@
+"""Sweep reports: tolerance tables and figures across pairs, sources, levels and seeds. Reads results only.
+
+`write_sweep_report(rows, out_dir)` writes, from OPD runs judged against their clean twins and pooled
+over seeds (`mismatch.report.tolerance`):
+  * `tolerance.md` / `tolerance.csv` — per pair × source × settings: the largest tolerated level
+    (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
+    every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
+  * `tolerance_levels.csv` — that per-level table;
+  * `tolerance_levels.png` — Δ accuracy and KL ratio vs level per source, seed intervals as bars;
+  * `tolerance_vs_mismatch.png` — Δ accuracy vs the measured mismatch (mean `mismatch_kl` over the
+    run, log axis) for every source and pair on one plot;
+  * `seed_curves.png` — held-out accuracy vs step per rollout, mean over seeds with a ±1 sd band;
+and, when the dataset also holds probe runs on pair students (`PAIR:student`):
+  * `block_sensitivity.png` — per-block isolation maps (block × pair, one panel per format);
+  * `static_vs_dynamic.png` — each format's static probe KL on a pair's student vs its dynamic Δ.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mismatch.opd.verdict import opd_runs, run_label
+from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
+from mismatch.report.probe import is_isolation
+from mismatch.report.tolerance import LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
+from mismatch.results import summaries
+
+MARKERS = "osD^v<>P*X"
+
+
+def _series_label(frame: pd.DataFrame) -> str:
+    first = frame.iloc[0]
+    return f"{first['pair']}" + ("" if first["settings"] == "default" else f" ({first['settings']})")
+
+
+def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
+    """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source, one line per pair ×
+    settings, bars = 95% seed intervals; dashed lines = the thresholds."""
+    sources = [s for s in (*LEVEL_SOURCES, "format") if s in set(levels["source"])]
+    fig, axes = subplots(len(sources), nrows=2, figsize=(4.6 * len(sources), 7.5))
+    axes = np.asarray(axes).reshape(2, len(sources))
+    for col, source in enumerate(sources):
+        part = levels[levels["source"] == source]
+        for (pair, settings), series in part.groupby(["pair", "settings"], sort=False):
+            if source == "format":
+                series = series.assign(x=[weight_bits(lv) for lv in series["level"]])
+            else:
+                series = series.assign(x=series["level"].astype(float))
+            series = series.sort_values("x")
+            label = _series_label(series)
+            for row, (metric, scale) in enumerate((("acc_delta", 100), ("kl_ratio", 1))):
+                axes[row, col].errorbar(series["x"], series[metric] * scale, yerr=series[f"{metric}_hw"] * scale,
+                                        marker="o", markersize=4, capsize=3, label=label)
+        for row, (limit, name) in enumerate(((-100 * acc_tol, "Δ accuracy (points)"), (1 + kl_tol, "KL ratio"))):
+            ax = axes[row, col]
+            ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
+            ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
+            xlabel = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "reuse": "reuse R (steps per batch)",
+                      "format": "stored bits per weight"}[source]
+            style_axes(ax, xlabel=xlabel, ylabel=name)
+            if source != "format":
+                ax.set_xscale("log", base=2 if source != "noise" else 10)
+        axes[0, col].set_title(source)
+        axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
+    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin, mean over seeds ± 95% interval")
+    return fig
+
+
+def mismatch_figure(levels: pd.DataFrame, *, acc_tol: float):
+    """Δ accuracy vs the measured mismatch (mean mismatch_kl during the run, log axis): every level of
+    every source and pair, colour by source, marker by pair."""
+    fig, ax = subplots(1, figsize=(8, 5.5))
+    pairs = sorted(levels["pair"].unique())
+    colors = {s: f"C{i}" for i, s in enumerate((*LEVEL_SOURCES, "format"))}
+    shown = levels[levels["mismatch_kl"] > 0]
+    for (source, pair), part in shown.groupby(["source", "pair"]):
+        ax.errorbar(part["mismatch_kl"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
+                    marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=colors[source], capsize=2,
+                    label=f"{source} · {pair}")
+    ax.axhline(-100 * acc_tol, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xscale("log")
+    style_axes(ax, xlabel="measured mismatch: mean KL(rollout ‖ student) per token during the run (nats)",
+               ylabel="Δ final held-out accuracy (points)", legend=True)
+    ax.set_title("Does one mismatch number predict tolerance across sources?")
+    return fig
+
+
+def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
+    """Held-out accuracy vs step per rollout (each pair's most common settings): mean over seeds,
+    band ±1 sd over seeds; the clean run in black."""
+    pairs = sorted(runs["pair"].unique())
+    fig, axes = subplots(len(pairs), figsize=(6 * len(pairs), 4.5))
+    axes = np.atleast_1d(axes)
+    metrics = {cfg["run_id"]: pd.DataFrame(m) for cfg, m in opd_runs(rows)}
+    for ax, pair in zip(axes, pairs):
+        mine = runs[runs["pair"] == pair]
+        settings = mine["settings"].mode().iloc[0]
+        for rollout, group in mine[mine["settings"] == settings].groupby("rollout", sort=False):
+            curves = []
+            for rid in group["run_id"]:
+                m = metrics[rid]
+                curves.append(m[m["metric"] == "heldout_accuracy"].set_index("step")["value"])
+            frame = pd.concat(curves, axis=1).sort_index() * 100
+            mean, sd = frame.mean(axis=1), frame.std(axis=1, ddof=1).fillna(0)
+            style = dict(color="black", linewidth=2.2) if rollout == "clean" else dict(linewidth=1.2)
+            line, = ax.plot(mean.index, mean, label=f"{rollout} (n={frame.shape[1]})", **style)
+            ax.fill_between(mean.index, mean - sd, mean + sd, alpha=0.15, color=line.get_color())
+        style_axes(ax, xlabel="OPD step", ylabel="held-out accuracy (%)")
+        ax.set_title(f"{pair} ({settings})", fontsize=10)
+        ax.legend(fontsize=LEGEND_FONTSIZE - 1, ncol=2)
+    return fig
+
+
+def _student_probes(rows: pd.DataFrame) -> pd.DataFrame:
+    """Probe summaries of runs whose reference is a pair's student (`PAIR:student`), with `pair`."""
+    probes = rows[rows["kind"] == "probe"]
+    if probes.empty or "reference" not in probes:
+        return pd.DataFrame()
+    summ = summaries(probes)
+    summ = summ[summ["reference"].astype(str).str.endswith(":student")]
+    return summ.assign(pair=summ["reference"].str.rsplit(":", n=1).str[0])
+
+
+def block_figure(students: pd.DataFrame):
+    """Per-block isolation maps: kl_fwd_mean (log colour) of block × pair, one panel per format."""
+    iso = students[students["layers"].map(is_isolation)].assign(block=lambda f: f["layers"].astype(int))
+    specs = sorted(iso["perturb"].unique())
+    fig, axes = subplots(len(specs), figsize=(7 * len(specs), 3.2))
+    axes = np.atleast_1d(axes)
+    for ax, spec in zip(axes, specs):
+        grid = iso[iso["perturb"] == spec].pivot_table(index="pair", columns="block", values="kl_fwd_mean")
+        image = ax.imshow(np.log10(grid.to_numpy()), aspect="auto", cmap="viridis")
+        ax.set_yticks(range(len(grid.index)), grid.index)
+        ax.set_xlabel("decoder block perturbed alone")
+        ax.set_title(f"{spec}: log10 end-to-end KL(p‖q) per token")
+        fig.colorbar(image, ax=ax)
+    return fig
+
+
+def static_dynamic_figure(students: pd.DataFrame, levels: pd.DataFrame):
+    """Each format's static probe kl_fwd_mean on a pair's student (all linears) vs its dynamic Δ accuracy."""
+    whole = students[~students["layers"].map(is_isolation)]
+    formats = levels[levels["source"] == "format"]
+    joined = formats.merge(whole[["pair", "perturb", "kl_fwd_mean"]], left_on=["pair", "level"],
+                           right_on=["pair", "perturb"])
+    fig, ax = subplots(1, figsize=(7, 5))
+    for i, (pair, part) in enumerate(joined.groupby("pair")):
+        ax.errorbar(part["kl_fwd_mean"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
+                    marker=MARKERS[i % len(MARKERS)], capsize=2, label=pair)
+        for _, r in part.iterrows():
+            ax.annotate(r["level"], (r["kl_fwd_mean"], 100 * r["acc_delta"]), fontsize=6)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xscale("log")
+    style_axes(ax, xlabel="static probe: mean KL(p‖q) per token on the student's responses (nats)",
+               ylabel="dynamic: Δ final held-out accuracy (points)", legend=True)
+    return fig
+
+
+def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> str:
+    shown = levels.assign(
+        level=levels["level"].map(str),
+        mismatch_kl=levels["mismatch_kl"].map(lambda v: f"{v:.3g}"),
+        acc_delta=[_pm(100 * m, 100 * h, "{:+.1f}") for m, h in zip(levels["acc_delta"], levels["acc_delta_hw"])],
+        kl_ratio=[_pm(m, h, "{:.3f}") for m, h in zip(levels["kl_ratio"], levels["kl_ratio_hw"])],
+    ).drop(columns=["acc_delta_hw", "kl_ratio_hw"]).rename(columns={"acc_delta": "Δ accuracy (pts)"})
+    return "\n".join([
+        "# Tolerance of OPD to rollout mismatch", "",
+        f"Each run is compared with its clean twin (same configuration and seed, clean rollouts). A level is "
+        f"*tolerated* when the 95% intervals over seeds of both Δ final held-out accuracy (≥ −{100 * acc_tol:g} "
+        f"points) and the final held-out KL ratio (≤ {1 + kl_tol:g}) lie within the thresholds, *not tolerated* "
+        "when either lies wholly beyond, *uncertain* otherwise (one seed: no interval, always uncertain). "
+        "`mismatch_kl`: mean over the run's steps of KL(rollout ‖ student) on the rollout tokens (nats).", "",
+        "## Tolerance per pair × source", "", markdown_table(summary), "",
+        "## Every level (mean over seeds ± 95% interval)", "", markdown_table(shown), ""])
+
+
+def _pm(mean: float, half: float, pattern: str) -> str:
+    if math.isnan(mean):
+        return "—"
+    return pattern.format(mean) + ("" if math.isnan(half) else f" ± {half:.3g}" if half < 1 else f" ± {half:.1f}")
+
+
+def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
+                       ) -> list[Path]:
+    """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    opd = rows[rows["kind"] == "opd"]
+    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol)
+    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    if levels.empty:
+        return []
+    summary = tolerance_table(levels)
+    written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv"]
+    written[0].write_text(_markdown(summary, levels, kl_tol=kl_tol, acc_tol=acc_tol))
+    summary.to_csv(written[1], index=False)
+    levels.to_csv(written[2], index=False)
+    written.append(save_figure(levels_figure(levels, kl_tol=kl_tol, acc_tol=acc_tol), out_dir / "tolerance_levels.png"))
+    written.append(save_figure(mismatch_figure(levels, acc_tol=acc_tol), out_dir / "tolerance_vs_mismatch.png"))
+    written.append(save_figure(seed_curves_figure(opd, runs), out_dir / "seed_curves.png"))
+    students = _student_probes(rows)
+    if len(students) and students["layers"].map(is_isolation).any():
+        written.append(save_figure(block_figure(students), out_dir / "block_sensitivity.png"))
+    if len(students) and (levels["source"] == "format").any():
+        written.append(save_figure(static_dynamic_figure(students, levels), out_dir / "static_vs_dynamic.png"))
+    return written

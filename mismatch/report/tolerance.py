@@ -1,0 +1,165 @@
+"""Tolerance across seeds: per pair × mismatch source, which levels of mismatch OPD tolerates.
+
+Reads results only. Every OPD run is first judged against its clean twin — the clean run that shares
+every other field, the seed included (`mismatch.opd.verdict.verdict_table`) — giving Δ final held-out
+accuracy and the final held-out KL ratio. Runs that differ only in their seed are then pooled: the
+mean over seeds of each, with its 95% interval (Student t over seeds, `t_interval`). A level is
+  * `tolerated` when both intervals lie within the thresholds (Δ accuracy ≥ −acc_tol, KL ratio ≤
+    1 + kl_tol),
+  * `not tolerated` when either interval lies wholly beyond its threshold,
+  * `uncertain` otherwise: an interval straddles a threshold (one seed gives no interval).
+The tolerance table names, per pair × source × settings, the largest level tolerated with every
+smaller level tolerated too (noise σ, staleness K, reuse R), and for formats the cheapest tolerated
+format (fewest stored bits per weight, `weight_bits`).
+
+`settings` lists the configuration fields that vary across the dataset besides pair, seed and the
+rollout (loss, learning rate, TIS cap, momentum, …), so each grid cell is its own row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from mismatch.opd.config import COMPARISON_FIELDS
+from mismatch.opd.verdict import opd_runs, verdict_table
+from mismatch.perturb.spec import NoiseConfig, ReuseConfig, StaleConfig, parse_spec
+
+# two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+LEVEL_SOURCES = ("noise", "stale", "reuse")  # sources with a numeric level; everything else is a format
+VERDICTS = ("tolerated", "uncertain", "not tolerated")
+NOT_SETTINGS = {"pair", "seed", "pair_sha256", "eval_every", "chunk_tokens", "clip"}  # never a grid axis
+
+
+def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
+    """Mean and half-width of the two-sided 95% Student-t interval of the mean (NaN half-width for
+    fewer than two values; the normal 1.96 beyond 30 degrees of freedom)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return math.nan, math.nan
+    if len(x) < 2:
+        return float(x.mean()), math.nan
+    df = len(x) - 1
+    t = _T975[df - 1] if df <= len(_T975) else 1.96
+    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
+    """`(source, level)` of a rollout: `("clean", 0)`, `("noise", σ)`, `("stale", K)`,
+    `("reuse", R)`, or `("format", spec)` for every other spec (`stale:K` on a spec: that spec's
+    format with `+ stale:K`)."""
+    if rollout in ("", "none"):
+        return ("stale", staleness) if staleness else ("clean", 0)
+    config = parse_spec(rollout)
+    if isinstance(config, NoiseConfig):
+        source, level = "noise", config.sigma
+    elif isinstance(config, StaleConfig):
+        source, level = "stale", config.steps
+    elif isinstance(config, ReuseConfig):
+        source, level = "reuse", config.steps
+    else:
+        source, level = "format", str(config)
+    if staleness and source != "stale":
+        return source if source != "format" else "format", f"{level} + stale:{staleness}"
+    return source, level
+
+
+def weight_bits(spec: str) -> float:
+    """Stored bits per weight of a format spec (`weight_bits` of its config; NaN if it has none)."""
+    return float(getattr(parse_spec(spec.split(" + ")[0]), "weight_bits", math.nan))
+
+
+def _judge(mean: float, half: float, limit: float, *, upper: bool) -> str:
+    """Verdict of one interval against one threshold (`upper`: the value must stay ≤ limit)."""
+    if math.isnan(mean):
+        return "uncertain"
+    lo, hi = (mean - half, mean + half) if not math.isnan(half) else (-math.inf, math.inf)
+    if upper:
+        return "tolerated" if hi <= limit else "not tolerated" if lo > limit else "uncertain"
+    return "tolerated" if lo >= limit else "not tolerated" if hi < limit else "uncertain"
+
+
+def combine(*verdicts: str) -> str:
+    """All criteria tolerated → tolerated; any wholly beyond → not tolerated; else uncertain."""
+    if "not tolerated" in verdicts:
+        return "not tolerated"
+    return "tolerated" if all(v == "tolerated" for v in verdicts) else "uncertain"
+
+
+def run_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """`verdict_table` of every OPD run plus its source, level and settings (the varying fields)."""
+    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    configs = pd.DataFrame([cfg for cfg, _ in opd_runs(rows)]).set_index("run_id")
+    fields = [f for f in COMPARISON_FIELDS if f in configs.columns and f not in NOT_SETTINGS]
+    varying = [f for f in fields if configs[f].astype(str).nunique() > 1]
+
+    def settings(run_id: str) -> str:
+        cfg = configs.loc[run_id]
+        return ", ".join(f"{f} {_short(cfg[f])}" for f in varying) or "default"
+
+    sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
+    return table.assign(source=[s for s, _ in sources], level=[lv for _, lv in sources],
+                        settings=[settings(r) for r in table["run_id"]])
+
+
+def _short(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """One row per pair × source × settings × level (judged runs only, pooled over seeds): seeds,
+    mean mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
+    judged = runs[~runs["clean"] & (runs["baseline"] != "")]
+    out = []
+    for (pair, source, settings, level), group in judged.groupby(["pair", "source", "settings", "level"], sort=False):
+        acc, acc_hw = t_interval(group["acc_delta"].dropna())
+        kl, kl_hw = t_interval(group["kl_ratio"].dropna())
+        verdicts = [_judge(kl, kl_hw, 1 + kl_tol, upper=True)]
+        if not math.isnan(acc):
+            verdicts.append(_judge(acc, acc_hw, -acc_tol, upper=False))
+        out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
+                    "mismatch_kl": float(group["mismatch_kl"].mean()), "acc_delta": acc, "acc_delta_hw": acc_hw,
+                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": combine(*verdicts)})
+    frame = pd.DataFrame(out)
+    if frame.empty:
+        return frame
+    frame["order"] = [weight_bits(lv) if s == "format" else float(lv) if not isinstance(lv, str) else math.inf
+                      for s, lv in zip(frame["source"], frame["level"])]
+    frame = frame.sort_values(["pair", "source", "settings", "order"], ascending=[True, True, True, True],
+                              kind="stable")
+    return frame.drop(columns="order").reset_index(drop=True)
+
+
+def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Per pair × source × settings: the levels tested, the largest tolerated with every smaller level
+    tolerated too (formats: the cheapest tolerated, by stored bits per weight), the first level not
+    tolerated, and the uncertain ones."""
+    out = []
+    for (pair, source, settings), group in levels.groupby(["pair", "source", "settings"], sort=False):
+        verdict = dict(zip(group["level"], group["verdict"]))
+        tested = list(group["level"])
+        if source == "format":
+            ok = sorted((lv for lv in tested if verdict[lv] == "tolerated"), key=weight_bits)
+            largest = f"{ok[0]} ({weight_bits(ok[0]):g} bits)" if ok else "none"
+        else:
+            largest = "none"
+            for lv in tested:  # ascending
+                if verdict[lv] != "tolerated":
+                    break
+                largest = _short(lv)
+        first_bad = next((_short(lv) for lv in tested if verdict[lv] == "not tolerated"), "—")
+        uncertain = ", ".join(_short(lv) for lv in tested if verdict[lv] == "uncertain") or "—"
+        out.append({"pair": pair, "source": source, "settings": settings,
+                    "levels": ", ".join(_short(lv) for lv in tested),
+                    "tolerated up to": largest,
+                    "first not tolerated": first_bad, "uncertain": uncertain})
+    return pd.DataFrame(out)

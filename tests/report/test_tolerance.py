@@ -1,0 +1,117 @@
+"""Tolerance across seeds: intervals checked against a slow independent computation, verdicts at and
+around the thresholds, the tolerance table's reading of a level ladder, and the written report."""
+
+import dataclasses
+import itertools
+import math
+import random
+import statistics
+
+import pandas as pd
+import pytest
+
+from mismatch.opd.config import OPDConfig
+from mismatch.report.sweep import write_sweep_report
+from mismatch.report.tolerance import (combine, level_table, run_table, source_level, t_interval, tolerance_table,
+                                       weight_bits)
+from mismatch.results import tidy
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}
+BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4)
+
+
+def _t975_by_bisection(df: int) -> float:
+    """The 0.975 quantile of Student's t by bisection on its CDF, integrated numerically (Simpson)."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    pdf = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)  # noqa: E731
+
+    def cdf(t: float, n: int = 20000) -> float:
+        h = t / n
+        s = pdf(0) + pdf(t) + sum((4 if i % 2 else 2) * pdf(i * h) for i in range(1, n))
+        return 0.5 + s * h / 3
+
+    lo, hi = 0.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < 0.975 else (lo, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_t_interval_matches_an_independent_computation(n):
+    rng = random.Random(n)
+    x = [rng.gauss(0, 1) for _ in range(n)]
+    mean, half = t_interval(x)
+    assert mean == pytest.approx(statistics.fmean(x))
+    assert half == pytest.approx(_t975_by_bisection(n - 1) * statistics.stdev(x) / math.sqrt(n), rel=2e-3)
+    assert math.isnan(t_interval([0.3])[1])
+
+
+def test_source_level_and_bits():
+    assert source_level("none") == ("clean", 0)
+    assert source_level("none", staleness=2) == ("stale", 2)
+    assert source_level("stale:4") == ("stale", 4)
+    assert source_level("reuse:8") == ("reuse", 8)
+    assert source_level("noise:0.3") == ("noise", 0.3)
+    assert source_level("fp8-e4m3") == ("format", "fp8-e4m3:channel")
+    assert weight_bits("int4:group128") == 4 + 16 / 128 and weight_bits("fp8-e4m3:block128") == 8
+    assert combine("tolerated", "uncertain") == "uncertain" and combine("uncertain", "not tolerated") == "not tolerated"
+
+
+def _run(config: OPDConfig, acc: float, kl: float, mismatch: float = 0.01) -> pd.DataFrame:
+    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
+            {"step": 0, "metric": "heldout_accuracy", "value": 0.25},
+            {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 1, "metric": "mismatch_kl", "value": mismatch}, {"step": 2, "metric": "mismatch_kl", "value": 0.0}]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+
+
+# Δ accuracy per seed (points) of each stale:K and format, and KL ratio; the clean runs end at 40% / KL 1.0
+DELTAS = {"stale:1": ([-0.8, -0.5, -0.2], 1.02), "stale:2": ([-1.0, -3.0, -2.0], 1.03),
+          "stale:4": ([-6.0, -5.0, -7.0], 1.20), "stale:8": ([-1.0, -1.2, -0.8], 1.01),
+          "int4:group128": ([0.5, -0.5, 0.0], 1.0), "fp8-e4m3": ([-0.2, 0.1, 0.0], 1.0),
+          "noise:0.5": ([-30.0], 2.0)}
+
+
+@pytest.fixture
+def rows():
+    frames = [_run(dataclasses.replace(BASE, seed=s), 0.40, 1.0) for s in range(3)]
+    for rollout, (deltas, ratio) in DELTAS.items():
+        for seed, d in enumerate(deltas):
+            frames.append(_run(dataclasses.replace(BASE, rollout=rollout, seed=seed), 0.40 + d / 100, ratio))
+    frames.append(_run(dataclasses.replace(BASE, lr=3e-3), 0.30, 1.5))  # a second setting: its own clean twin
+    frames.append(_run(dataclasses.replace(BASE, lr=3e-3, rollout="stale:1"), 0.20, 1.6))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_levels_pool_seeds_and_judge_with_intervals(rows):
+    levels = level_table(run_table(rows)).set_index(["settings", "level"])
+    cell = levels.loc[("lr 0.001", 2)]
+    mean, half = t_interval([d / 100 for d in DELTAS["stale:2"][0]])
+    assert cell["seeds"] == 3 and cell["acc_delta"] == pytest.approx(mean) and cell["acc_delta_hw"] == pytest.approx(half)
+    assert cell["verdict"] == "uncertain"  # −2.0 ± 2.5 straddles −2
+    assert levels.loc[("lr 0.001", 1), "verdict"] == "tolerated"  # −0.5 ± 0.75 lies above −2, KL 1.02
+    assert levels.loc[("lr 0.001", 4), "verdict"] == "not tolerated"  # −6 ± 2.5 wholly below
+    assert levels.loc[("lr 0.001", 0.5), "verdict"] == "uncertain"  # one seed: no interval, not called either way
+    assert levels.loc[("lr 0.003", 1), "verdict"] == "uncertain"
+    assert levels.loc[("lr 0.001", 1), "mismatch_kl"] == pytest.approx(0.005)
+
+
+def test_tolerance_table_reads_the_ladder(rows):
+    table = tolerance_table(level_table(run_table(rows))).set_index(["source", "settings"])
+    stale = table.loc[("stale", "lr 0.001")]
+    assert stale["levels"] == "1, 2, 4, 8" and stale["tolerated up to"] == "1"  # 2 is uncertain: the ladder stops
+    assert stale["first not tolerated"] == "4" and stale["uncertain"] == "2"
+    fmt = table.loc[("format", "lr 0.001")]
+    assert fmt["tolerated up to"] == "int4:group128 (4.125 bits)"  # the cheapest tolerated format
+
+
+def test_the_report_writes_tables_and_figures(rows, tmp_path):
+    written = write_sweep_report(rows, tmp_path)
+    names = [p.name for p in written]
+    assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "tolerance_levels.png",
+                     "tolerance_vs_mismatch.png", "seed_curves.png"]
+    md = (tmp_path / "tolerance.md").read_text()
+    assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 |" in md
+    assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8
