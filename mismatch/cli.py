@@ -26,6 +26,7 @@ from mismatch.errors import MismatchError
 from mismatch.models import list_models
 from mismatch.probe_runs import ProbeConfig, run_probes
 from mismatch.report import report as write_report
+from mismatch.sweep.estimate import estimates
 
 app = typer.Typer(help="Measure training–inference mismatch of LMs for on-policy distillation.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -180,7 +181,7 @@ def sweep(
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
     plan = sweep_lib.load_study(study)
     if dry_run:
-        return out.print(console.plan_table(plan))
+        return out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
     with console.Bars(err) as bars:
         progress = lambda i, n, lab, status: bars.update(f"sweep {plan.name}", i + (status != "running"), n, lab)  # noqa: E731
         done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, workers=workers,

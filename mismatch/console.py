@@ -5,6 +5,8 @@ Kept apart from `cli.py` so that the CLI reads as options â†’ one library call â
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from rich.console import Console
 from rich.markup import escape
@@ -127,13 +129,20 @@ def pair_table(pair) -> Table:
     return table
 
 
-def plan_table(study: Study) -> Table:
-    """The tasks of a study, in the order they run (`mismatch sweep --dry-run`)."""
+def plan_table(study: Study, seconds: list[float] | None = None, workers: int | None = None) -> Table:
+    """The tasks of a study, in the order they run, with estimated times (`mismatch sweep --dry-run`)."""
     tasks = [*study.plan.probes, *study.plan.opd]
-    table = Table("#", "task", title=escape(f"{study.name}: {len(study.plan.probes)} probe groups, "
-                                            f"{len(study.plan.opd)} OPD runs ({study.path})"))
-    for i, task in enumerate(tasks):
-        table.add_row(str(i), escape(task_label(task)))
+    seconds = seconds if seconds is not None else [math.nan] * len(tasks)
+    known = [s for s in seconds if not math.isnan(s)]
+    total = sum(known) / (workers or 1)
+    caption = (f"estimated {total / 60:.1f} min" + (f" on {workers} workers" if workers else "")
+               + (f"; {len(tasks) - len(known)} tasks never measured" if len(known) < len(tasks) else "")
+               + " (costs measured on a 2-core machine, 1 thread per task)")
+    table = Table("#", "task", "estimate", caption=escape(caption),
+                  title=escape(f"{study.name}: {len(study.plan.probes)} probe groups, "
+                               f"{len(study.plan.opd)} OPD runs ({study.path})"))
+    for i, (task, sec) in enumerate(zip(tasks, seconds)):
+        table.add_row(str(i), escape(task_label(task)), "?" if math.isnan(sec) else f"{sec:.0f} s")
     return table
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,12 +52,12 @@ def isolation_map(isolated: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             iso.pivot_table(index="block", columns="perturb", values="top1_agree"))
 
 
-def _isolation_section(kl: pd.DataFrame, top1: pd.DataFrame) -> list[str]:
+def _isolation_section(kl: pd.DataFrame, top1: pd.DataFrame, heading: str = "") -> list[str]:
     table = pd.DataFrame({"block": kl.index.astype(str)})
     for spec in kl.columns:
         table[f"{spec} kl_fwd_mean"] = kl[spec].to_numpy()
         table[f"{spec} top1_agree"] = top1[spec].to_numpy()
-    md = ["## Per-layer isolation map: one decoder block perturbed at a time", "",
+    md = [f"## Per-layer isolation map: one decoder block perturbed at a time{heading}", "",
           "End-to-end divergence with only that block's linear layers perturbed.", "", markdown_table(table), ""]
     for spec in kl.columns:
         ranked = kl[spec].sort_values(ascending=False)
@@ -77,11 +78,11 @@ def layer_map_figure(kl: pd.DataFrame):
     return fig
 
 
-def _sqnr_section(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+def _sqnr_section(layers: pd.DataFrame, runs: pd.DataFrame, heading: str = "") -> list[str]:
     sq = layers.pivot_table(index=["index", "layer"], columns="run_id", values="sqnr_db")
     sq = sq[[r for r in runs["run_id"] if r in sq.columns]].reset_index()  # runs in recorded order
     sq = sq.rename(columns=dict(zip(runs["run_id"], runs["run"])))
-    return ["## Per-layer SQNR (dB) of the hidden states", "", markdown_table(sq.drop(columns="index")), ""]
+    return [f"## Per-layer SQNR (dB) of the hidden states{heading}", "", markdown_table(sq.drop(columns="index")), ""]
 
 
 def per_layer_figure(layers: pd.DataFrame, runs: pd.DataFrame):
@@ -120,33 +121,46 @@ def _provenance(run: pd.Series) -> str:
             f"transformers {run.get('transformers_version')}, git {run.get('git_sha')}, {run.get('timestamp')}.")
 
 
+def _slug(reference: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(reference)).strip("_")
+
+
 def write_probe_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = "mismatch probe report"
                        ) -> list[Path]:
     """Write `summary.md`, `per_layer.png`, `kl_cdf.png` (and `layer_map.png` when isolation runs
-    are present) for the probe runs in `rows` (tidy, kind `probe`). Returns the paths written."""
+    are present) for the probe runs in `rows` (tidy, kind `probe`). Returns the paths written.
+
+    With runs of several reference models, the headline table lists them all; the per-layer,
+    isolation-map sections and the figures are per reference (`per_layer_<reference>.png`, …).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_runs = summaries(rows)
     all_runs["run"] = all_runs.apply(run_label, axis=1)
     isolated = all_runs[all_runs["layers"].map(is_isolation)] if "layers" in all_runs else all_runs.iloc[:0]
     runs = all_runs.drop(isolated.index)
-    rows = rows[~rows["run_id"].isin(isolated["run_id"])]
-    layers = per_layer(rows)
     table = runs[["run", "reference", *[c for c in HEADLINE if c in runs.columns]]]
     md = [f"# {title}", "", "Divergence of each candidate from its reference over the scored tokens (nats; "
           "definitions in DESIGN.md).", "", markdown_table(table), ""]
+    references = list(dict.fromkeys(all_runs["reference"]))
     plots = []
-    if not layers.empty:
-        md += _sqnr_section(layers, runs)
-    if not isolated.empty:
-        kl, top1 = isolation_map(isolated)
-        md += _isolation_section(kl, top1)
-        plots.append(save_figure(layer_map_figure(kl), out / "layer_map.png"))
+    for reference in references:
+        suffix = "" if len(references) == 1 else f"_{_slug(reference)}"
+        heading = "" if len(references) == 1 else f" — {reference}"
+        mine = runs[runs["reference"] == reference]
+        mine_rows = rows[rows["run_id"].isin(mine["run_id"])]
+        layers = per_layer(mine_rows)
+        if not layers.empty:
+            md += _sqnr_section(layers, mine, heading)
+            plots.append(save_figure(per_layer_figure(layers, mine), out / f"per_layer{suffix}.png"))
+        token_kl = mine_rows[(mine_rows["level"] == "token") & (mine_rows["metric"] == "kl_fwd")]
+        if not token_kl.empty:
+            plots.append(save_figure(kl_cdf_figure(token_kl, mine), out / f"kl_cdf{suffix}.png"))
+        iso = isolated[isolated["reference"] == reference]
+        if not iso.empty:
+            kl, top1 = isolation_map(iso)
+            md += _isolation_section(kl, top1, heading)
+            plots.append(save_figure(layer_map_figure(kl), out / f"layer_map{suffix}.png"))
     md += [_provenance(all_runs.iloc[0]), ""]
     (out / "summary.md").write_text("\n".join(md), encoding="utf-8")
-    if not layers.empty:
-        plots.append(save_figure(per_layer_figure(layers, runs), out / "per_layer.png"))
-    token_kl = rows[(rows["level"] == "token") & (rows["metric"] == "kl_fwd")]
-    if not token_kl.empty:
-        plots.append(save_figure(kl_cdf_figure(token_kl, runs), out / "kl_cdf.png"))
     return [out / "summary.md", *plots]

@@ -89,7 +89,7 @@ def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
 
 def test_report_of_a_dataset_writes_every_probe_file(dataset, tmp_path):
     written = report([dataset], tmp_path)
-    assert [p.name for p in written] == ["summary.md", "layer_map.png", "per_layer.png", "kl_cdf.png"]
+    assert [p.name for p in written] == ["summary.md", "per_layer.png", "kl_cdf.png", "layer_map.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:])
 
 
@@ -104,3 +104,15 @@ def test_a_dataset_holding_only_an_isolation_map(tmp_path):
     kl, _ = isolation_map(runs.reset_index())
     assert kl["int4:group128"].tolist() == runs.loc[["0", "1"], "kl_fwd_mean"].tolist()
     assert "## Per-layer SQNR" not in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def test_several_references_get_their_own_sections_and_figures(tmp_path):
+    for model in ("tiny-gpt2", "tiny-llama"):
+        run_probes(ProbeConfig(reference=model, perturb=("int4:group128",), texts=TEXTS), out=tmp_path / "two")
+    written = report([tmp_path / "two"], tmp_path / "rep")
+    assert [p.name for p in written] == ["summary.md", "per_layer_tiny-gpt2.png", "kl_cdf_tiny-gpt2.png",
+                                         "per_layer_tiny-llama.png", "kl_cdf_tiny-llama.png"]
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    sections = md.split("## Per-layer SQNR (dB) of the hidden states — ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["tiny-gpt2", "tiny-llama"]
+    assert "layers.2" not in sections[0] and "layers.2" in sections[1]  # tiny-gpt2 has 2 blocks, tiny-llama 3

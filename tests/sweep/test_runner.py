@@ -13,6 +13,7 @@ import pytest
 from mismatch.opd.verdict import verdict_table
 from mismatch.results import read_results, summaries
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
+from mismatch.sweep.estimate import estimates
 
 STUDY = """
 name = "tiny"
@@ -65,6 +66,14 @@ def test_a_sweep_runs_every_task_once_and_resume_skips_them(tmp_path):
     assert list(table.index) == ["clean", "fp8-e4m3", "stale:1"]
     assert (table.loc[["fp8-e4m3", "stale:1"], "baseline"] == table.loc["clean", "run_id"]).all()
     parts = sorted(p.name for p in out.glob("*.parquet"))
+    # estimates fitted from this sweep's own ledger and rows fall within its measured task times
+    seconds = {tid: r["seconds"] for tid, r in read_ledger(out).items()}
+    opd_seconds = [seconds[task_id(t)] for t in study.plan.opd]
+    for task, est in zip(tasks, estimates(tasks, out=out)):
+        if task in study.plan.opd:
+            assert min(opd_seconds) * 0.999 <= est <= max(opd_seconds) * 1.001
+        else:
+            assert est == pytest.approx(seconds[task_id(task)], rel=1e-6)  # one probe group per reference
     again = run_study(study, out, resume=True)
     assert again.ran == () and len(again.skipped) == 4
     assert sorted(p.name for p in out.glob("*.parquet")) == parts  # nothing rewritten

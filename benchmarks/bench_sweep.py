@@ -1,0 +1,91 @@
+"""Cost of the sweep runner, measured side by side in one run.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_sweep.py     (make bench)
+
+Prints
+  (a) sweep overhead, serial: wall time of a sweep of 6 small sort-gpt2 OPD runs ÷ Σ of its tasks' own
+      times (ledger `seconds`) (target ≤ 1.03);
+  (b) the same grid as Ray tasks on 2 workers (1 torch thread each) vs serially (all cores): the
+      speed-up of the wall time (target ≥ 1.6× on 2 cores);
+  (c) a static sweep of S = 3 specs on SmolLM2-135M over one prompt set (teacher-forced text) ÷
+      (1 reference + S candidate forward passes of the same batch) (target ≤ 1.15).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+import mismatch  # noqa: E402
+from mismatch.rollout import teacher_forced  # noqa: E402
+from mismatch.sweep import plan_study, read_ledger, run_study  # noqa: E402
+from mismatch.sweep.study import Study  # noqa: E402
+
+OPD_GRID = {"dynamic": {"pairs": ["sort-gpt2"], "rollouts": ["fp8-e4m3", "stale:1"], "seeds": [0, 1],
+                        "settings": {"steps": 12, "batch_size": 64, "eval_every": 12, "eval_prompts": 256}}}
+PROMPTS = Path(__file__).resolve().parents[1] / "mismatch" / "data" / "prompts.txt"
+SPECS = ["fp8-e4m3:channel", "int8:channel", "int4:group128"]
+STATIC = {"static": {"models": ["smollm2-135m"], "prompts": str(PROMPTS), "max_new_tokens": 0,
+                     "perturb": SPECS, "layers": ["linear"], "per_layer": False}}
+
+
+def _sweep(cfg: dict, **options) -> tuple[float, float]:
+    """(wall seconds, Σ task seconds) of one sweep into a fresh directory."""
+    study = Study("bench", Path("bench.toml"), plan_study(cfg))
+    out = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    try:
+        start = time.perf_counter()
+        run_study(study, out, **options)
+        wall = time.perf_counter() - start
+        return wall, sum(r["seconds"] for r in read_ledger(out).values())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def load_seconds() -> float:
+    """Seconds to load SmolLM2 (part of a static sweep's task, not of its forward passes)."""
+    start = time.perf_counter()
+    mismatch.load("smollm2-135m")
+    return time.perf_counter() - start
+
+
+def forward_passes(n: int) -> float:
+    """Seconds of n forward passes of SmolLM2 over the static sweep's batch (after a warm-up)."""
+    lm = mismatch.load("smollm2-135m")
+    texts = PROMPTS.read_text().splitlines()
+    batch = teacher_forced(lm, texts, chat=False)
+    with torch.no_grad():
+        lm.model(batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        start = time.perf_counter()
+        for _ in range(n):
+            lm.model(batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    threads = torch.get_num_threads()
+    _sweep(OPD_GRID)  # warm-up: imports, caches
+    wall, own = _sweep(OPD_GRID)
+    print(f"(a) serial sweep of {len(plan_study(OPD_GRID).opd)} sort-gpt2 OPD runs ({threads} threads): "
+          f"wall {wall:.1f} s, Σ task times {own:.1f} s, overhead ratio {wall / own:.3f} (target ≤ 1.03)")
+    ray_wall, _ = _sweep(OPD_GRID, workers=2)
+    print(f"(b) Ray, 2 workers × 1 thread: wall {ray_wall:.1f} s (Ray start-up included) vs serial {wall:.1f} s: "
+          f"speed-up {wall / ray_wall:.2f}× (target ≥ 1.6×)")
+    static_wall = statistics.median(_sweep(STATIC)[0] for _ in range(3))
+    load = statistics.median(load_seconds() for _ in range(3))
+    bare = forward_passes(1 + len(SPECS))
+    print(f"(c) static sweep of {len(SPECS)} specs on SmolLM2-135M, the 36 prompts teacher-forced: {static_wall:.2f} s, "
+          f"of which loading the model {load:.2f} s; vs 1 + {len(SPECS)} bare forward passes {bare:.2f} s: ratio "
+          f"{(static_wall - load) / bare:.2f} without loading, {static_wall / bare:.2f} with it (target ≤ 1.15)")
+
+
+if __name__ == "__main__":
+    main()

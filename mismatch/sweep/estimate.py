@@ -1,0 +1,120 @@
+"""Time estimates of a study's tasks from measured costs (`mismatch sweep --dry-run`).
+
+An OPD run costs about `steps × batch_size × train_s` (rollout, teacher scoring and update: seconds
+per prompt and step, measured as the run's own per-step `wall_s`) plus `evaluations × eval_prompts ×
+eval_s` (held-out sampled and greedy responses, with the run's set-up folded in); a probe group about
+`tokens × (1 + candidates) × token_s` (generation and set-up folded in). The coefficients are fitted
+per pair and per reference model (`fit_costs`) from a finished sweep — its ledger's seconds and its
+rows — never guessed: the package ships those measured by `sweeps/paper.toml` on the 2-core machine
+here with one torch thread per task (`mismatch/data/sweep_costs.json`), and a results directory that
+already holds runs adds its own. A pair or model never measured gets no estimate (NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from statistics import median
+
+import pandas as pd
+
+from mismatch.opd.config import OPDConfig
+from mismatch.probe_runs import ProbeConfig
+from mismatch.results import read_results
+from mismatch.rollout import read_prompts
+from mismatch.sweep.tasks import Task, read_ledger
+
+COSTS_FILE = "sweep_costs.json"
+
+
+def packaged_costs() -> dict[str, dict[str, float]]:
+    """The coefficients shipped with the package: `{"opd": {pair: {train_s, eval_s}}, "probe": {model:
+    {unit_s, blocks}}}`."""
+    path = resources.files("mismatch") / "data" / COSTS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {"opd": {}, "probe": {}}
+
+
+def _evaluations(config: dict) -> int:
+    steps, every = int(config["steps"]), int(config["eval_every"])
+    return 1 + steps // every + (steps % every != 0)
+
+
+def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Fit the cost coefficients (module docstring) from the finished tasks of a sweep's results directory."""
+    ledger = {tid: r for tid, r in read_ledger(out).items() if r.get("status") == "done"}
+    if not ledger:
+        return {"opd": {}, "probe": {}}
+    rows = read_results(out)
+    wall = rows[rows["metric"] == "wall_s"].groupby("run_id")["value"].sum()
+    opd: dict[str, list[tuple[float, float]]] = {}
+    probe: dict[str, list[float]] = {}
+    for record in ledger.values():
+        config = record["config"]
+        if "pair" in config:
+            rid = _opd_run_id(config, rows)
+            if rid is None or rid not in wall:
+                continue
+            train = wall[rid] / (config["steps"] * config["batch_size"])
+            evals = (record["seconds"] - wall[rid]) / (_evaluations(config) * config["eval_prompts"])
+            opd.setdefault(config["pair"], []).append((train, evals))
+        else:
+            prompts, candidates, blocks = _probe_size(config, rows)
+            if prompts:
+                unit = prompts * max(1, config["max_new_tokens"]) * (1 + candidates)
+                probe.setdefault(config["reference"], []).append((record["seconds"] / unit, blocks))
+    return {"opd": {p: {"train_s": median(t for t, _ in v), "eval_s": median(e for _, e in v)} for p, v in opd.items()},
+            "probe": {m: {"unit_s": median(u for u, _ in v), "blocks": max(b for _, b in v)} for m, v in probe.items()}}
+
+
+def _opd_run_id(config: dict, rows: pd.DataFrame) -> str | None:
+    """The run id of an OPD task's rows (its configuration columns match)."""
+    runs = rows[(rows["kind"] == "opd") & (rows["metric"] == "wall_s")].drop_duplicates("run_id")
+    for name in ("pair", "rollout", "loss", "lr", "seed", "steps", "batch_size", "adam_beta1", "tis_cap"):
+        if name in runs and name in config:
+            value = config[name]
+            runs = runs[runs[name].isna()] if value is None else runs[runs[name] == value]
+    return runs["run_id"].iloc[0] if len(runs) == 1 else None
+
+
+def _probe_size(config: dict, rows: pd.DataFrame) -> tuple[int, int, int]:
+    """Prompts, candidates and decoder blocks (0 unless an isolation map) of a probe group, from its rows."""
+    summ = rows[(rows["kind"] == "probe") & (rows["level"] == "summary") & (rows["metric"] == "tokens")]
+    mine = summ[(summ["reference"] == config["reference"]) & (summ["seed"] == config["seed"])
+                & summ["perturb"].isin(config["perturb"])]
+    scopes = mine["layers"].astype(str)
+    mine = mine[scopes.str.isdigit()] if config.get("each_layer") else mine[scopes == config["layers"]]
+    if not len(mine):
+        return 0, 0, 0
+    blocks = mine["layers"].astype(int).max() + 1 if config.get("each_layer") else 0
+    return int(mine["n_prompts"].iloc[0]), len(mine), int(blocks)
+
+
+def estimate_seconds(task: Task, costs: dict) -> float:
+    """Estimated seconds of one task with `costs` (`fit_costs` / `packaged_costs`); NaN when its
+    pair or reference model was never measured."""
+    if isinstance(task, OPDConfig):
+        c = costs.get("opd", {}).get(task.pair)
+        if c is None:
+            return math.nan
+        evaluations = _evaluations({"steps": task.steps, "eval_every": task.eval_every})
+        return task.steps * task.batch_size * c["train_s"] + evaluations * task.eval_prompts * c["eval_s"]
+    assert isinstance(task, ProbeConfig)
+    c = costs.get("probe", {}).get(task.reference)
+    if c is None or task.prompts is None and not task.texts:
+        return math.nan
+    prompts = len(read_prompts(task.prompts)) if task.prompts is not None else len(task.texts)
+    prompts = min(prompts, task.max_prompts or prompts)
+    candidates = len(task.perturb) * (c["blocks"] if task.each_layer else 1)
+    return prompts * max(1, task.max_new_tokens) * (1 + candidates) * c["unit_s"]
+
+
+def estimates(tasks: list[Task], *, out: str | Path | None = None) -> list[float]:
+    """Estimated seconds of each task: the packaged costs, refined by the runs already in `out`."""
+    costs = packaged_costs()
+    if out is not None and Path(out).is_dir():
+        measured = fit_costs(out)
+        for kind in ("opd", "probe"):
+            costs.setdefault(kind, {}).update(measured.get(kind, {}))
+    return [estimate_seconds(task, costs) for task in tasks]
