@@ -17,10 +17,15 @@ from mismatch.opd.config import comparison_key, rollout_label
 METRIC_COLUMNS = ("step", "metric", "value")
 
 
-def final_value(rows: list[dict], metric: str) -> float:
-    """The metric's value at the last step that recorded it (NaN if none did)."""
-    values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric]
+def final_value(rows: list[dict], metric: str, *, at_most: float = math.inf) -> float:
+    """The metric's value at the last step (≤ `at_most`) that recorded it (NaN if none did)."""
+    values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric and r["step"] <= at_most]
     return max(values)[1] if values else math.nan
+
+
+def last_step(rows: list[dict], metric: str = "heldout_rkl") -> float:
+    """The last step that recorded `metric` (the last evaluation); NaN if none did."""
+    return max((r["step"] for r in rows if r["metric"] == metric), default=math.nan)
 
 
 def mean_value(rows: list[dict], metric: str) -> float:
@@ -31,7 +36,8 @@ def mean_value(rows: list[dict], metric: str) -> float:
 
 def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.10,
             acc_tol: float = 0.02) -> dict[str, float | bool]:
-    """Compare a run's final held-out metrics with the clean run's (same seed, same prompts).
+    """Compare a run's final held-out metrics with the clean run's (same seed, same prompts), at the
+    last evaluation step both recorded (the final one once both runs have ended).
 
     Tolerated when the final held-out reverse KL is at most `(1 + kl_tol)` × clean and (pairs
     with a task) the final held-out accuracy (`heldout_accuracy`: exact match of the student's
@@ -41,11 +47,12 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.1
         clean / run held-out KL (nats) and accuracy, `kl_ratio` = run / clean, `acc_delta` =
         run − clean, and `tolerated`.
     """
+    common = min(last_step(clean_rows), last_step(run_rows))  # runs still going: compare at the same step
     out: dict[str, float | bool] = {
-        "clean_heldout_rkl": final_value(clean_rows, "heldout_rkl"),
-        "run_heldout_rkl": final_value(run_rows, "heldout_rkl"),
-        "clean_heldout_accuracy": final_value(clean_rows, "heldout_accuracy"),
-        "run_heldout_accuracy": final_value(run_rows, "heldout_accuracy"),
+        "clean_heldout_rkl": final_value(clean_rows, "heldout_rkl", at_most=common),
+        "run_heldout_rkl": final_value(run_rows, "heldout_rkl", at_most=common),
+        "clean_heldout_accuracy": final_value(clean_rows, "heldout_accuracy", at_most=common),
+        "run_heldout_accuracy": final_value(run_rows, "heldout_accuracy", at_most=common),
     }
     out["kl_ratio"] = out["run_heldout_rkl"] / out["clean_heldout_rkl"]
     out["acc_delta"] = out["run_heldout_accuracy"] - out["clean_heldout_accuracy"]
@@ -82,7 +89,8 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
-    runs and runs without a baseline).
+    runs and runs without a baseline), complete (the run, and its baseline, evaluated at their last
+    step: False while a run is still going or after it failed).
     """
     runs = opd_runs(rows)
     clean = {comparison_key(cfg): (cfg["run_id"], metrics) for cfg, metrics in runs if run_label(cfg) == "clean"}
@@ -100,5 +108,7 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
                       "heldout_accuracy": final_value(metrics, "heldout_accuracy"),
                       "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),
                       "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
-                      "tolerated": v.get("tolerated")})
+                      "tolerated": v.get("tolerated"),
+                      "complete": last_step(metrics) == cfg.get("steps") and (
+                          base is None or last_step(base) == cfg.get("steps"))})
     return pd.DataFrame(table)

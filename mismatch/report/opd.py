@@ -5,7 +5,7 @@ ones (`mismatch.opd.verdict.verdict_table`, the same table `mismatch opd` prints
 
 `write_opd_report(rows, out_dir)` writes
   * `opd_curves.png` — held-out teacher–student reverse KL and held-out accuracy vs step, one line
-    per rollout configuration;
+    per run (at most `MAX_CURVES` runs; a study's curves are drawn as seed means by `report.sweep`);
   * `opd_verdicts.md` — per run: the mean training/rollout mismatch it trained under, final held-out
     KL and accuracy, ratio and difference to clean, and the verdict.
 """
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.verdict import final_value, opd_runs, run_label, verdict_table
+from mismatch.opd.verdict import final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
+from mismatch.report.tolerance import run_table
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
 CONFIG_LINE = ("pair", "loss", "steps", "batch_size", "lr", "seed")
+MAX_CURVES = 16  # runs drawn one line each in opd_curves.png; more is a study, drawn as seed means
 
 
 def _value_at(metrics: list[dict], metric: str, step: int) -> float:
@@ -55,8 +57,10 @@ def _config_value(value: object) -> object:
 
 
 def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> list[str]:
-    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    table = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)  # verdict_table + source, level, settings
     judged = table[~table["clean"] & (table["baseline"] != "")]
+    settings = dict(zip(table["run_id"], table["settings"])) if table["settings"].nunique() > 1 else {}
+    seeds = table["seed"].nunique() > 1
     lines = ["# OPD under rollout mismatch: tolerance verdicts", "",
              f"Tolerated: final held-out reverse KL ≤ {1 + kl_tol:.2f} × clean and final held-out accuracy "
              f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts). `mismatch_kl`: mean over steps of "
@@ -65,15 +69,17 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
     lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
     for cfg, metrics in opd_runs(rows):
         if run_label(cfg) == "clean":
-            lines.append(f"Clean run ({cfg.get('pair')}): final held-out reverse KL "
+            where = ", ".join([str(cfg.get("pair")), *([settings[cfg["run_id"]]] if settings else []),
+                               *([f"seed {_config_value(cfg.get('seed'))}"] if seeds else [])])
+            lines.append(f"Clean run ({where}): final held-out reverse KL "
                          f"{final_value(metrics, 'heldout_rkl'):.3f} nats, accuracy "
                          f"{final_value(metrics, 'heldout_accuracy'):.1%} (step 0: "
                          f"{_value_at(metrics, 'heldout_rkl', 0):.3f} nats, {_value_at(metrics, 'heldout_accuracy', 0):.1%}).")
     lines.append("")
     if not len(judged):
         return lines + ["No run has a clean baseline in its group: no verdicts."]
-    columns = ["pair", "rollout", *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean",
-               "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "tolerated"]
+    columns = ["pair", "rollout", *(["settings"] if settings else []),
+               *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean", "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "tolerated"]
     shown = judged[columns].assign(
         mismatch_kl=judged["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         mismatch_logp_abs_diff_mean=judged["mismatch_logp_abs_diff_mean"].map(lambda v: f"{v:.3g}"),
@@ -89,10 +95,12 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
 
 def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
                      acc_tol: float = 0.02) -> list[Path]:
-    """Write `opd_curves.png` and `opd_verdicts.md` for the OPD runs in `rows` (tidy, kind `opd`)."""
+    """Write `opd_verdicts.md` and, for at most `MAX_CURVES` runs, `opd_curves.png` for the OPD runs
+    in `rows` (tidy, kind `opd`); returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    curves = save_figure(curves_figure(rows), out_dir / "opd_curves.png")
     verdicts = out_dir / "opd_verdicts.md"
     verdicts.write_text("\n".join(_verdicts_markdown(rows, kl_tol, acc_tol)) + "\n")
-    return [curves, verdicts]
+    if rows["run_id"].nunique() > MAX_CURVES:  # a study: seed_curves.png (report.sweep) shows seed means
+        return [verdicts]
+    return [save_figure(curves_figure(rows), out_dir / "opd_curves.png"), verdicts]

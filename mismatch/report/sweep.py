@@ -45,28 +45,35 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
     axes = np.asarray(axes).reshape(2, len(sources))
     for col, source in enumerate(sources):
         part = levels[levels["source"] == source]
-        for (pair, settings), series in part.groupby(["pair", "settings"], sort=False):
-            if source == "format":
-                series = series.assign(x=[weight_bits(lv) for lv in series["level"]])
+        formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if source == "format" else []
+        for i, ((pair, settings), series) in enumerate(part.groupby(["pair", "settings"], sort=False)):
+            if source == "format":  # categories by stored bits, markers only, pairs side by side
+                series = series.assign(x=[formats.index(lv) + 0.08 * i for lv in series["level"]])
             else:
                 series = series.assign(x=series["level"].astype(float))
             series = series.sort_values("x")
             label = _series_label(series)
             for row, (metric, scale) in enumerate((("acc_delta", 100), ("kl_ratio", 1))):
                 axes[row, col].errorbar(series["x"], series[metric] * scale, yerr=series[f"{metric}_hw"] * scale,
-                                        marker="o", markersize=4, capsize=3, label=label)
+                                        marker="o", markersize=4, capsize=3, label=label,
+                                        linestyle="none" if source == "format" else "-")
+        if formats:
+            for row in range(2):
+                axes[row, col].set_xticks(range(len(formats)), [f"{f} ({weight_bits(f):g} b)" for f in formats],
+                                          rotation=30, ha="right", fontsize=7)
         for row, (limit, name) in enumerate(((-100 * acc_tol, "Δ accuracy (points)"), (1 + kl_tol, "KL ratio"))):
             ax = axes[row, col]
             ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
             ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
             xlabel = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "reuse": "reuse R (steps per batch)",
-                      "format": "stored bits per weight"}[source]
+                      "format": "format (stored bits per weight)"}[source]
             style_axes(ax, xlabel=xlabel, ylabel=name)
             if source != "format":
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
         axes[0, col].set_title(source)
         axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
-    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin, mean over seeds ± 95% interval")
+    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin,\nmean over seeds ± 95% interval",
+                 fontsize=10)
     return fig
 
 

@@ -65,7 +65,7 @@ def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
     else:
         source, level = "format", str(config)
     if staleness and source != "stale":
-        return source if source != "format" else "format", f"{level} + stale:{staleness}"
+        return source, f"{level} + stale:{staleness}"
     return source, level
 
 
@@ -116,9 +116,10 @@ def _short(value: object) -> str:
 
 
 def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
-    """One row per pair × source × settings × level (judged runs only, pooled over seeds): seeds,
+    """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
+    over seeds): seeds,
     mean mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
-    judged = runs[~runs["clean"] & (runs["baseline"] != "")]
+    judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     out = []
     for (pair, source, settings, level), group in judged.groupby(["pair", "source", "settings", "level"], sort=False):
         acc, acc_hw = t_interval(group["acc_delta"].dropna())

@@ -115,3 +115,15 @@ def test_the_report_writes_tables_and_figures(rows, tmp_path):
     md = (tmp_path / "tolerance.md").read_text()
     assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 |" in md
     assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8
+
+
+def test_a_run_still_going_is_compared_at_its_last_step_and_not_pooled(rows):
+    """A run whose last evaluation is step 0 (still going): its verdict compares step 0 with the clean
+    run's step 0 (not the clean run's final step), and the tolerance pools only finished runs."""
+    going = _run(dataclasses.replace(BASE, rollout="stale:16", seed=0), 0.10, 3.0)
+    going = going[going["step"] == 0]
+    runs = run_table(pd.concat([rows, going], ignore_index=True))
+    mine = runs[runs["rollout"] == "stale:16"].iloc[0]
+    assert not mine["complete"] and mine["acc_delta"] == 0.0 and mine["kl_ratio"] == 1.0  # step 0 vs step 0
+    assert runs[runs["rollout"] != "stale:16"]["complete"].all()
+    assert 16 not in set(level_table(runs)["level"])
