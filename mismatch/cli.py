@@ -183,7 +183,7 @@ def sweep(
     if dry_run:
         return out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
     with console.Bars(err) as bars:
-        progress = lambda i, n, lab, status: bars.update(f"sweep {plan.name}", i + (status != "running"), n, lab)  # noqa: E731
+        progress = lambda done, n, lab, _status: bars.update(f"sweep {plan.name}", done, n, lab)  # noqa: E731
         done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, workers=workers,
                                    ray_address=ray_address, progress=progress)
     out.print(console.sweep_summary(done, out_dir))

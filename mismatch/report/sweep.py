@@ -32,27 +32,37 @@ from mismatch.results import summaries
 MARKERS = "osD^v<>P*X"
 
 
-def _series_label(frame: pd.DataFrame) -> str:
-    first = frame.iloc[0]
-    return f"{first['pair']}" + ("" if first["settings"] == "default" else f" ({first['settings']})")
+def _series_labels(part: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """Labels of a panel's series (pair × settings): the pair, and the settings parts that differ
+    between the panel's series (those shared by all of them are said once, in the title)."""
+    keys = list(dict.fromkeys(zip(part["pair"], part["settings"])))
+    split = {k: k[1].split(", ") for k in keys}
+    shared = set.intersection(*(set(v) for v in split.values())) if split else set()
+    several_pairs = len({p for p, _ in keys}) > 1
+    labels = {}
+    for key in keys:
+        own = [x for x in split[key] if x not in shared]
+        labels[key] = ", ".join(([key[0]] if several_pairs or not own else []) + own)
+    return labels
 
 
 def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
     """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source, one line per pair ×
     settings, bars = 95% seed intervals; dashed lines = the thresholds."""
     sources = [s for s in (*LEVEL_SOURCES, "format") if s in set(levels["source"])]
-    fig, axes = subplots(len(sources), nrows=2, figsize=(4.6 * len(sources), 7.5))
+    fig, axes = subplots(len(sources), nrows=2, figsize=(4.8 * len(sources), 9.5))
     axes = np.asarray(axes).reshape(2, len(sources))
     for col, source in enumerate(sources):
         part = levels[levels["source"] == source]
         formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if source == "format" else []
+        labels = _series_labels(part)
         for i, ((pair, settings), series) in enumerate(part.groupby(["pair", "settings"], sort=False)):
             if source == "format":  # categories by stored bits, markers only, pairs side by side
                 series = series.assign(x=[formats.index(lv) + 0.08 * i for lv in series["level"]])
-            else:
-                series = series.assign(x=series["level"].astype(float))
+            else:  # series side by side around each level (log axis: a small factor)
+                series = series.assign(x=series["level"].astype(float) * 1.04 ** i)
             series = series.sort_values("x")
-            label = _series_label(series)
+            label = labels[(pair, settings)]
             for row, (metric, scale) in enumerate((("acc_delta", 100), ("kl_ratio", 1))):
                 axes[row, col].errorbar(series["x"], series[metric] * scale, yerr=series[f"{metric}_hw"] * scale,
                                         marker="o", markersize=4, capsize=3, label=label,
@@ -70,8 +80,10 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
             style_axes(ax, xlabel=xlabel, ylabel=name)
             if source != "format":
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
-        axes[0, col].set_title(source)
-        axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
+        shared = set.intersection(*(set(st.split(", ")) for st in part["settings"].unique()))
+        axes[0, col].set_title(source + (f"\n({', '.join(sorted(shared))})" if shared else ""), fontsize=9)
+        axes[1, col].legend(fontsize=LEGEND_FONTSIZE - 1, loc="upper center",
+                            bbox_to_anchor=(0.5, -0.45 if source == "format" else -0.3))
     fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin,\nmean over seeds ± 95% interval",
                  fontsize=10)
     return fig
@@ -137,14 +149,15 @@ def block_figure(students: pd.DataFrame):
     """Per-block isolation maps: kl_fwd_mean (log colour) of block × pair, one panel per format."""
     iso = students[students["layers"].map(is_isolation)].assign(block=lambda f: f["layers"].astype(int))
     specs = sorted(iso["perturb"].unique())
-    fig, axes = subplots(len(specs), figsize=(7 * len(specs), 3.2))
+    fig, axes = subplots(1, nrows=len(specs), figsize=(10, 2.3 * len(specs)))
     axes = np.atleast_1d(axes)
     for ax, spec in zip(axes, specs):
         grid = iso[iso["perturb"] == spec].pivot_table(index="pair", columns="block", values="kl_fwd_mean")
         image = ax.imshow(np.log10(grid.to_numpy()), aspect="auto", cmap="viridis")
         ax.set_yticks(range(len(grid.index)), grid.index)
+        ax.set_xticks(range(len(grid.columns)), [str(b) for b in grid.columns], fontsize=7)
         ax.set_xlabel("decoder block perturbed alone")
-        ax.set_title(f"{spec}: log10 end-to-end KL(p‖q) per token")
+        ax.set_title(f"{spec}: log10 end-to-end KL(p‖q) per token (white: no such block)", fontsize=9)
         fig.colorbar(image, ax=ax)
     return fig
 

@@ -96,7 +96,7 @@ def run_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02
     table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
     configs = pd.DataFrame([cfg for cfg, _ in opd_runs(rows)]).set_index("run_id")
     fields = [f for f in COMPARISON_FIELDS if f in configs.columns and f not in NOT_SETTINGS]
-    varying = [f for f in fields if configs[f].astype(str).nunique() > 1]
+    varying = [f for f in fields if configs[f].map(_short).nunique() > 1]  # None and NaN alike: "off"
 
     def settings(run_id: str) -> str:
         cfg = configs.loc[run_id]

@@ -64,7 +64,7 @@ def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = 
                 index = queue.pop(0)
                 in_flight[remote.remote(tasks[index], out, threads)] = index
                 if progress is not None:
-                    progress(index, len(tasks), task_label(tasks[index]), "running")
+                    progress(len(tasks) - len(queue) - len(in_flight), len(tasks), task_label(tasks[index]), "running")
             (ref,), _ = ray.wait(list(in_flight), num_returns=1)
             index = in_flight.pop(ref)
             try:
@@ -74,7 +74,8 @@ def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = 
                                   "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
                 write_record(out, task_id(tasks[index]), records[index])
             if progress is not None:
-                progress(index, len(tasks), task_label(tasks[index]), records[index]["status"])
+                progress(len(tasks) - len(queue) - len(in_flight), len(tasks), task_label(tasks[index]),
+                         records[index]["status"])
     finally:
         if started:
             ray.shutdown()

@@ -39,7 +39,8 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         ray_address: join an existing Ray cluster (`auto` or `HOST:PORT`) instead; `out` must then be
             storage every node shares, and every node needs this package installed.
         threads: torch threads per task; default: all cores serially, cores ÷ workers on a local Ray.
-        progress: `progress(index, tasks, label, status)` when a task starts (`running`) and ends.
+        progress: `progress(finished, tasks, label, status)` when a task starts (`running`) and when it
+            ends (`done` / `failed`); `finished` counts the tasks ended so far, this one included.
 
     Returns:
         Which tasks ran, were skipped, and failed (message); failures never stop the sweep.
@@ -61,10 +62,10 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         records = []
         for index, task in enumerate(todo):
             if progress is not None:
-                progress(index, len(todo), task_label(task), "running")
+                progress(index, len(todo), task_label(task), "running")  # `index` tasks have ended
             records.append(execute(task, out, threads))
             if progress is not None:
-                progress(index, len(todo), task_label(task), records[-1]["status"])
+                progress(index + 1, len(todo), task_label(task), records[-1]["status"])
     ids = [task_id(t) for t in todo]
     failed = {tid: r["error"] for tid, r in zip(ids, records) if r["status"] == "failed"}
     return SweepReport(tuple(ids), tuple(skipped), failed)

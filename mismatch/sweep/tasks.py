@@ -31,7 +31,7 @@ from mismatch.version import __version__
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
 Task = ProbeConfig | OPDConfig
-Progress = Callable[[int, int, str, str], None]  # (task index, tasks, label, status)
+Progress = Callable[[int, int, str, str], None]  # (tasks finished, tasks, label, status)
 
 
 def task_columns(task: Task) -> dict[str, object]:

@@ -127,3 +127,13 @@ def test_a_run_still_going_is_compared_at_its_last_step_and_not_pooled(rows):
     assert not mine["complete"] and mine["acc_delta"] == 0.0 and mine["kl_ratio"] == 1.0  # step 0 vs step 0
     assert runs[runs["rollout"] != "stale:16"]["complete"].all()
     assert 16 not in set(level_table(runs)["level"])
+
+
+def test_a_field_set_on_some_runs_and_unset_on_others_is_a_setting(rows):
+    """tis_cap None (NaN once read back) vs 2: two settings, never pooled as one level."""
+    extra = [_run(dataclasses.replace(BASE, tis_cap=2.0, seed=s), 0.40, 1.0) for s in range(3)]
+    extra += [_run(dataclasses.replace(BASE, tis_cap=2.0, rollout="stale:1", seed=s), 0.30, 1.3) for s in range(3)]
+    levels = level_table(run_table(pd.concat([rows, *extra], ignore_index=True)))
+    stale1 = levels[(levels["source"] == "stale") & (levels["level"] == 1) & levels["settings"].str.startswith("lr 0.001")]
+    assert sorted(stale1["settings"]) == ["lr 0.001, tis_cap 2", "lr 0.001, tis_cap off"]
+    assert stale1["seeds"].tolist() == [3, 3]
