@@ -195,7 +195,8 @@ def test_unknown_pair_is_a_clear_error():
 @pytest.mark.smollm2
 def test_smollm2_concise_pair_has_a_measurable_gap():
     """Same weights on both sides; only the teacher's context differs, and it changes behaviour.
-    Measured on all 66 held-out questions: teacher 87.9% short answers, student 0.0%."""
+    Measured on all 66 held-out questions: teacher 87.9% short answers, student 0.0%; on the 8 checked
+    here (seed 0): 75% and 0%."""
     import torch
 
     pair = mismatch.load_pair("smollm2-concise")
@@ -203,7 +204,7 @@ def test_smollm2_concise_pair_has_a_measurable_gap():
     for (name, a), b in zip(pair.student.model.state_dict().items(), pair.teacher.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert pair.chat and len(pair.teacher_context) == 7 and pair.student_context == ()
-    prompts = pair.prompts("held_out", 16, seed=0)
+    prompts = pair.prompts("held_out", 8, seed=0)
     teacher = greedy_accuracy(pair.teacher, pair.task, prompts, chat=True, context=pair.teacher_context)
     student = greedy_accuracy(pair.student, pair.task, prompts, chat=True, context=pair.student_context)
     assert teacher >= 0.7 and student <= 0.15, (teacher, student)
