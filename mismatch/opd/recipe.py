@@ -177,7 +177,8 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
         calib = torch.tensor([encode(pair.student.tokenizer, train_pool[:1], chat=pair.chat,
                                      context=pair.student_context)[0]])
     copy = RolloutCopy(pair.student.model, spec, config.rollout_staleness, layers=config.layers, seed=config.seed,
-                       calibration_ids=calib, share=config.rollout in NO_ROLLOUT_SPECS)
+                       calibration_ids=calib,
+                       share=config.rollout in NO_ROLLOUT_SPECS or config.rollout_reuse > 1)  # reuse: no copy needed
     opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(config.adam_beta1, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
