@@ -210,6 +210,16 @@ class QuantoConfig:
         return 4 + 32 / 128 if self.weights == "int4" else 8.0
 
 
+def _steps_option(text: SpecText) -> int:
+    """The one integer option of an OPD-trajectory kind (`stale:K`, `reuse:R`)."""
+    try:
+        (steps,) = text.options
+        return int(steps)
+    except ValueError:
+        raise InputError(f"{text.kind} needs an integer number of steps, e.g. {text.kind}:4; "
+                         f"got {text.spec!r}") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class StaleConfig:
     """Rollout weights `steps` optimizer steps old (exists only inside an OPD trajectory)."""
@@ -222,12 +232,7 @@ class StaleConfig:
 
     @classmethod
     def from_spec(cls, text: SpecText) -> StaleConfig:
-        try:
-            (steps,) = text.options
-            value = int(steps)
-        except ValueError:
-            raise InputError(f"stale needs an integer number of steps, e.g. stale:4; got {text.spec!r}") from None
-        return cls(steps=value)
+        return cls(steps=_steps_option(text))
 
     def __str__(self) -> str:
         return f"stale:{self.steps}"
@@ -246,12 +251,7 @@ class ReuseConfig:
 
     @classmethod
     def from_spec(cls, text: SpecText) -> ReuseConfig:
-        try:
-            (steps,) = text.options
-            value = int(steps)
-        except ValueError:
-            raise InputError(f"reuse needs an integer number of steps, e.g. reuse:4; got {text.spec!r}") from None
-        return cls(steps=value)
+        return cls(steps=_steps_option(text))
 
     def __str__(self) -> str:
         return f"reuse:{self.steps}"
