@@ -129,6 +129,13 @@ def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:
     return teacher_forced(ref_lm, texts, chat=config.chat)
 
 
+def model_digests(config: ProbeConfig) -> dict[str, str | None]:
+    """`reference_sha256` and `candidate_sha256` (None without a candidate model): digests of the
+    weights the probe loads (`mismatch.models.weights_digest`), part of its runs' ids."""
+    return {"reference_sha256": weights_digest(member_spec(config.reference)),
+            "candidate_sha256": weights_digest(member_spec(config.candidate)) if config.candidate else None}
+
+
 def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
     """The config columns every row of these runs carries (besides reference, candidate, perturb, layers)."""
     return {"ref_dtype": config.ref_dtype, "cand_dtype": config.cand_dtype if not config.perturb else config.ref_dtype,
@@ -136,8 +143,7 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
             "min_new_tokens": config.min_new_tokens, "temperature": config.temperature,
             "prompts": config.prompts if config.prompts is not None else "inline", "n_prompts": len(texts),
             "prompts_sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16],
-            "reference_sha256": weights_digest(member_spec(config.reference)),
-            "candidate_sha256": weights_digest(member_spec(config.candidate)) if config.candidate else None,
+            **model_digests(config),
             "per_layer": config.per_layer, "chunk_tokens": config.chunk_tokens}
 
 

@@ -21,8 +21,9 @@ from statistics import median
 import pandas as pd
 
 from mismatch.opd.config import OPDConfig
+from mismatch.opd.runs import run_columns
 from mismatch.probe_runs import ProbeConfig
-from mismatch.results import read_results
+from mismatch.results import read_results, run_id
 from mismatch.rollout import read_prompts
 from mismatch.sweep.tasks import Task, read_ledger
 
@@ -53,8 +54,8 @@ def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     for record in ledger.values():
         config = record["config"]
         if "pair" in config:
-            rid = _opd_run_id(config, rows)
-            if rid is None or rid not in wall:
+            rid = run_id("opd", run_columns(OPDConfig(**config)))  # the id its rows carry
+            if rid not in wall:  # written by another toolkit version, or its pair changed since
                 continue
             train = wall[rid] / (config["steps"] * config["batch_size"])
             evals = (record["seconds"] - wall[rid]) / (_evaluations(config) * config["eval_prompts"])
@@ -66,16 +67,6 @@ def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
                 probe.setdefault(config["reference"], []).append((record["seconds"] / unit, blocks))
     return {"opd": {p: {"train_s": median(t for t, _ in v), "eval_s": median(e for _, e in v)} for p, v in opd.items()},
             "probe": {m: {"unit_s": median(u for u, _ in v), "blocks": max(b for _, b in v)} for m, v in probe.items()}}
-
-
-def _opd_run_id(config: dict, rows: pd.DataFrame) -> str | None:
-    """The run id of an OPD task's rows (its configuration columns match)."""
-    runs = rows[(rows["kind"] == "opd") & (rows["metric"] == "wall_s")].drop_duplicates("run_id")
-    for name in ("pair", "rollout", "loss", "lr", "seed", "steps", "batch_size", "adam_beta1", "tis_cap"):
-        if name in runs and name in config:
-            value = config[name]
-            runs = runs[runs[name].isna()] if value is None else runs[runs[name] == value]
-    return runs["run_id"].iloc[0] if len(runs) == 1 else None
 
 
 def _probe_size(config: dict, rows: pd.DataFrame) -> tuple[int, int, int]:

@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 from mismatch.hashing import content_hash
-from mismatch.models import sha256_file, weights_digest
+from mismatch.models import sha256_file
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all, run_columns
-from mismatch.pairs.registry import member_spec
-from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.probe_runs import ProbeConfig, model_digests, run_probes
 from mismatch.version import __version__
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
@@ -40,9 +39,7 @@ def task_columns(task: Task) -> dict[str, object]:
     if isinstance(task, OPDConfig):
         return {"task": "opd", **run_columns(task)}
     prompts = Path(task.prompts) if task.prompts is not None else None
-    return {"task": "probe group", **dataclasses.asdict(task),
-            "reference_sha256": weights_digest(member_spec(task.reference)),
-            "candidate_sha256": weights_digest(member_spec(task.candidate)) if task.candidate else None,
+    return {"task": "probe group", **dataclasses.asdict(task), **model_digests(task),
             "prompts_sha256": sha256_file(prompts) if prompts is not None and prompts.is_file() else None}
 
 
