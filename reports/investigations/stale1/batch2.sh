@@ -1,7 +1,6 @@
 #!/bin/bash
 cd /tmp/stale_wt
 while pgrep -f "investigation/batch1.sh" >/dev/null; do sleep 5; done
-export EXP=exp2.py
 R=investigation/run.sh
 $R lead_s0 --synthetic lead --seed 0
 $R rand_s0 --synthetic rand --seed 0

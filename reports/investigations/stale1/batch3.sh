@@ -1,7 +1,6 @@
 #!/bin/bash
 cd /tmp/stale_wt
 while pgrep -f "investigation/batch2.sh" >/dev/null; do sleep 5; done
-export EXP=exp3.py
 R=investigation/run.sh
 $R lead_s2 --synthetic lead --seed 2
 $R b05_clean_s0 --beta1 0.5 --seed 0

@@ -1,7 +1,6 @@
 #!/bin/bash
 cd /tmp/stale_wt
 while pgrep -f "exp3.py --tag lead_s2" >/dev/null; do sleep 3; done
-export EXP=exp3.py
 R=investigation/run.sh
 $R b1z_lr2e-4_clean_s0 --beta1 0 --lr 2e-4 --seed 0
 $R b1z_lr2e-4_stale1_s0 --beta1 0 --lr 2e-4 --rollout stale:1 --seed 0
