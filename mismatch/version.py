@@ -1,3 +1,3 @@
 """The toolkit version, stamped on every result row."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

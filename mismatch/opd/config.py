@@ -48,6 +48,7 @@ class OPDConfig:
     train_prompts: int = 4096  # pool of train-split prompts the batches are drawn from
     eval_prompts: int = 128
     eval_every: int = 10
+    eval_greedy: bool = True  # also score greedy responses (`heldout_greedy_accuracy`): one more generation
     clip: float = 2.0  # is_ratio_outside_frac counts r outside [1/clip, clip]
     chunk_tokens: int = 1024
     seed: int = 0

@@ -40,7 +40,7 @@ from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
 from mismatch.positions import response_index
-from mismatch.rollout import Batch, Rollout, encode, reprompt, sample, token_logprobs
+from mismatch.rollout import Batch, Rollout, encode, generate, reprompt, sample, token_logprobs
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps
@@ -111,8 +111,8 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     """Mean per-token reverse KL(π_S ‖ π_T) (nats) on the student's own samples (temperature 1,
     fixed `seed`) to `prompts`, and the task's mean reward of those samples (NaN without a task;
     a sample not ended by EOS scores 0)."""
-    batch = sample(student, prompts, max_new_tokens=max_new_tokens, seed=seed, chat=chat,
-                   context=student_context).batch
+    batch = generate(student, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, chat=chat,
+                     context=student_context)  # `sample`'s tokens, without its log-prob pass (unused here)
     reward = math.nan
     if task is not None:
         reward = sum(batch_rewards(batch, student.tokenizer, task, prompts)) / len(prompts)
@@ -226,7 +226,7 @@ def refresh(run: OPDRun) -> int:
 
 
 def evaluate(run: OPDRun) -> dict[str, float]:
-    """Step 5: held-out reverse KL and, with a task, sampled and greedy exact match."""
+    """Step 5: held-out reverse KL and, with a task, sampled and (`eval_greedy`) greedy exact match."""
     pair, cfg = run.pair, run.config
     rkl, sampled = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
                                student_context=pair.student_context, teacher_context=pair.teacher_context,
@@ -235,6 +235,7 @@ def evaluate(run: OPDRun) -> dict[str, float]:
     out = {"heldout_rkl": rkl}
     if pair.task is not None:
         out["heldout_accuracy"] = sampled
+    if pair.task is not None and cfg.eval_greedy:
         out["heldout_greedy_accuracy"] = greedy_accuracy(run.student, pair.task, run.eval_set,
                                                          max_new_tokens=run.max_new_tokens, chat=pair.chat,
                                                          context=pair.student_context)
@@ -295,7 +296,8 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         mismatch metrics on the step's own rollout tokens (mismatch_kl, mismatch_k3,
         mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac, mismatch_chi2_token); at
         evaluation steps heldout_rkl and, with a task, heldout_accuracy (exact match of the
-        student's temperature-1 samples: the accuracy verdicts compare) and heldout_greedy_accuracy.
+        student's temperature-1 samples: the accuracy verdicts compare) and, with `eval_greedy`,
+        heldout_greedy_accuracy.
 
     Raises:
         NumericsError: the loss became NaN/Inf (the rows up to that step are emitted first).

@@ -109,3 +109,11 @@ def estimates(tasks: list[Task], *, out: str | Path | None = None) -> list[float
         for kind in ("opd", "probe"):
             costs.setdefault(kind, {}).update(measured.get(kind, {}))
     return [estimate_seconds(task, costs) for task in tasks]
+
+
+def longest_first(tasks: list[Task], *, out: str | Path | None = None) -> list[int]:
+    """Indices of `tasks`, longest estimated first (tasks never measured, NaN, come first: a new
+    pair or model is usually the expensive part), ties in plan order. Submitting a pool's tasks
+    in this order keeps one long task from starting last and running alone."""
+    secs = estimates(tasks, out=out)
+    return sorted(range(len(tasks)), key=lambda i: (-math.inf if math.isnan(secs[i]) else -secs[i], i))

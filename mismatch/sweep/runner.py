@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mismatch.errors import InputError
 from mismatch.results import FILE_SUFFIXES
+from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study
 from mismatch.sweep.tasks import Progress, execute, pending_tasks, task_id, task_label
 
@@ -29,7 +30,8 @@ class SweepReport:
 def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_failed: bool = False,
               workers: int | None = None, ray_address: str | None = None, threads: int | None = None,
               progress: Progress | None = None) -> SweepReport:
-    """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`.
+    """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`;
+    on Ray, in the order of `estimate.longest_first` instead.
 
     Args:
         resume: skip tasks the ledger records as done (and, unless `retry_failed`, as failed).
@@ -57,7 +59,10 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
     if workers is not None or ray_address is not None:
         from mismatch.sweep.ray_pool import run_on_ray  # Ray loads only when asked for
 
-        records = run_on_ray(todo, out, workers=workers, address=ray_address, threads=threads, progress=progress)
+        order = longest_first(todo, out=out)  # the pool's makespan: long tasks first
+        ran = run_on_ray([todo[i] for i in order], out, workers=workers, address=ray_address, threads=threads,
+                         progress=progress)
+        records = [record for _, record in sorted(zip(order, ran))]
     else:
         records = []
         for index, task in enumerate(todo):
