@@ -167,3 +167,14 @@ def test_saved_student_reloads_with_the_same_logits(tmp_path):
         assert torch.equal(loaded.model(input_ids=ids).logits, trained)
         assert torch.equal(hf(input_ids=ids).logits, trained)
     assert [loaded.tokenizer(t)["input_ids"] for t in text] == [pair.student.tokenizer(t)["input_ids"] for t in text]
+
+
+def test_without_the_greedy_evaluation_every_other_number_is_the_same():
+    """`eval_greedy=False` drops one metric and its generation; the run's RNG never sees it."""
+    timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
+    with_greedy = train(OPDConfig(**SHORT))
+    without = train(OPDConfig(**SHORT, eval_greedy=False))
+    assert {r["step"] for r in with_greedy if r["metric"] == "heldout_greedy_accuracy"} == {0, 3}
+    assert not any(r["metric"] == "heldout_greedy_accuracy" for r in without)
+    keep = [r for r in with_greedy if r["metric"] not in timing | {"heldout_greedy_accuracy"}]
+    assert keep == [r for r in without if r["metric"] not in timing]

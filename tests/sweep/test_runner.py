@@ -13,7 +13,8 @@ import pytest
 from mismatch.opd.verdict import verdict_table
 from mismatch.results import read_results, summaries
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
-from mismatch.sweep.estimate import estimates
+from mismatch.opd import OPDConfig
+from mismatch.sweep.estimate import estimates, longest_first
 
 STUDY = """
 name = "tiny"
@@ -74,6 +75,11 @@ def test_a_sweep_runs_every_task_once_and_resume_skips_them(tmp_path):
             assert min(opd_seconds) * 0.999 <= est <= max(opd_seconds) * 1.001
         else:
             assert est == pytest.approx(seconds[task_id(task)], rel=1e-6)  # one probe group per reference
+    # the pool's order: longest estimate first, then plan order; by the estimates just checked
+    order = longest_first(tasks, out=out)
+    secs = estimates(tasks, out=out)
+    assert sorted(order) == list(range(len(tasks)))
+    assert all(secs[a] > secs[b] or (secs[a] == secs[b] and a < b) for a, b in zip(order, order[1:]))
     again = run_study(study, out, resume=True)
     assert again.ran == () and len(again.skipped) == 4
     assert sorted(p.name for p in out.glob("*.parquet")) == parts  # nothing rewritten
@@ -111,3 +117,11 @@ def test_kill_9_mid_sweep_then_resume_gives_the_tables_of_an_uninterrupted_sweep
     read_results(out)  # whatever was left is readable (a temporary file, if any, is never read)
     run_study(study, out, resume=True)
     pd.testing.assert_frame_equal(_numbers(out), _numbers(tmp_path / "whole"))
+
+
+def test_tasks_never_measured_go_first_then_the_longest():
+    short, long_ = (OPDConfig(pair="sort-gpt2", steps=n, batch_size=64) for n in (10, 80))
+    unknown = OPDConfig(pair="a-pair-never-measured", steps=1)
+    secs = estimates([short, long_, unknown])
+    assert secs[1] > secs[0] > 0 and secs[2] != secs[2]  # NaN: no cost measured for that pair
+    assert longest_first([short, long_, unknown, short]) == [2, 1, 0, 3]
