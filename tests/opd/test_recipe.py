@@ -117,15 +117,15 @@ def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_clean_run_lowers_kl_and_raises_accuracy():
-    """Measured (seed 0, 256 held-out prompts): reverse KL 2.433 → 1.521 nats (× 0.625) and exact
+    """Measured (seed 0, 256 held-out prompts): reverse KL 2.433 → 1.794 nats (× 0.737) and exact
     match of the temperature-1 samples 25.0% → 36.7% (+11.7 points) after 40 steps of full-rkl at
-    lr 1e-3 (cosine), 128 prompts per step; seeds 1 and 2 gave × 0.72 / × 0.70 and +10.2 / +9.0.
-    Asserted with about half of each measured margin."""
-    rows = train(OPDConfig(pair="sort-gpt2", loss="full-rkl", lr=1e-3, steps=40, batch_size=128,
+    lr 1e-3 (cosine), 64 prompts per step; seeds 1 and 2 gave × 0.789 / × 0.721 and +8.6 / +8.2.
+    Asserted with about half of seed 0's margins."""
+    rows = train(OPDConfig(pair="sort-gpt2", loss="full-rkl", lr=1e-3, steps=40, batch_size=64,
                            eval_every=40, eval_prompts=256))
     kl, acc = _by(rows, "heldout_rkl"), _by(rows, "heldout_accuracy")
     assert set(kl) == set(acc) == {0, 40}
-    assert kl[40] <= 0.8 * kl[0]
+    assert kl[40] <= 0.87 * kl[0]
     assert acc[40] >= acc[0] + 0.06
     assert all(r["value"] > 0 for r in rows if r["metric"] == "grad_norm")
 
