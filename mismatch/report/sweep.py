@@ -32,12 +32,16 @@ from mismatch.results import summaries
 MARKERS = "osD^v<>P*X"
 
 
-def _series_labels(part: pd.DataFrame) -> dict[tuple[str, str], str]:
+def _shared_settings(part: pd.DataFrame) -> set[str]:
+    """The settings parts (`"lr 0.001"`, …) every series of a panel has: said once, in its title."""
+    return set.intersection(*(set(st.split(", ")) for st in part["settings"].unique()))
+
+
+def _series_labels(part: pd.DataFrame, shared: set[str]) -> dict[tuple[str, str], str]:
     """Labels of a panel's series (pair × settings): the pair, and the settings parts that differ
-    between the panel's series (those shared by all of them are said once, in the title)."""
+    between the panel's series (not in `shared`)."""
     keys = list(dict.fromkeys(zip(part["pair"], part["settings"])))
     split = {k: k[1].split(", ") for k in keys}
-    shared = set.intersection(*(set(v) for v in split.values())) if split else set()
     several_pairs = len({p for p, _ in keys}) > 1
     labels = {}
     for key in keys:
@@ -55,7 +59,8 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
     for col, source in enumerate(sources):
         part = levels[levels["source"] == source]
         formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if source == "format" else []
-        labels = _series_labels(part)
+        shared = _shared_settings(part)
+        labels = _series_labels(part, shared)
         for i, ((pair, settings), series) in enumerate(part.groupby(["pair", "settings"], sort=False)):
             if source == "format":  # categories by stored bits, markers only, pairs side by side
                 series = series.assign(x=[formats.index(lv) + 0.08 * i for lv in series["level"]])
@@ -80,7 +85,6 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
             style_axes(ax, xlabel=xlabel, ylabel=name)
             if source != "format":
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
-        shared = set.intersection(*(set(st.split(", ")) for st in part["settings"].unique()))
         axes[0, col].set_title(source + (f"\n({', '.join(sorted(shared))})" if shared else ""), fontsize=9)
         axes[1, col].legend(fontsize=LEGEND_FONTSIZE - 1, loc="upper center",
                             bbox_to_anchor=(0.5, -0.45 if source == "format" else -0.3))
