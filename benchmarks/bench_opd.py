@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from mismatch.decode import packed_linears  # noqa: E402
 from mismatch.opd import OPDConfig, train  # noqa: E402
 from mismatch.opd.recipe import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
-from mismatch.rollout import prompt_batch  # noqa: E402
+from mismatch.rollout import pad_id, prompt_batch  # noqa: E402
 
 PARTS = ("rollout_s", "teacher_s", "update_s", "refresh_s", "wall_s")
 
@@ -107,7 +107,7 @@ def weight_bytes_per_step(model) -> int:
     return total
 
 
-def decode_seconds(model, ids, attn, pad_id: int, tokens: int, **kwargs) -> float:
+def decode_seconds(model, ids, attn, pad: int, tokens: int, **kwargs) -> float:
     """Seconds per decode step: (generate `tokens` − generate 1) / (tokens − 1), sampled, best of 2."""
     def timed(n: int) -> float:
         best = float("inf")
@@ -115,7 +115,7 @@ def decode_seconds(model, ids, attn, pad_id: int, tokens: int, **kwargs) -> floa
             torch.manual_seed(0)
             t0 = time.perf_counter()
             model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=n, min_new_tokens=n, do_sample=True,
-                           top_k=0, pad_token_id=pad_id, **kwargs)
+                           top_k=0, pad_token_id=pad, **kwargs)
             best = min(best, time.perf_counter() - t0)
         return best
     with torch.no_grad():
@@ -129,7 +129,7 @@ def decode_and_update(compiled: bool) -> None:
     prompts = run.train_pool[:8]
     tok = pair.student.tokenizer
     ids, attn = prompt_batch(tok, prompts, chat=pair.chat, context=pair.student_context)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = pad_id(tok)
     bandwidth = read_bandwidth()
     bound = weight_bytes_per_step(model) / bandwidth
     print(f"\ndecode, smollm2-concise, {len(prompts)} prompts × {run.max_new_tokens} sampled tokens: "
@@ -143,7 +143,7 @@ def decode_and_update(compiled: bool) -> None:
              {"cache_implementation": "static", "disable_compile": True})]
     for label, ctx, kwargs in rows:
         with torch.no_grad(), ctx():
-            step = decode_seconds(model, ids, attn, pad_id, run.max_new_tokens, **kwargs)
+            step = decode_seconds(model, ids, attn, pad, run.max_new_tokens, **kwargs)
         print(f"  {label:40s} {step * 1e3:7.1f} ms/step   ÷ bound {step / bound:5.2f}   (target ≤ 3)")
     if compiled:
         from transformers import CompileConfig
@@ -151,10 +151,10 @@ def decode_and_update(compiled: bool) -> None:
         cc._compile_all_devices = True  # transformers compiles on CUDA only unless told
         t0 = time.perf_counter()
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=2, pad_token_id=pad_id,
+            model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=2, pad_token_id=pad,
                            cache_implementation="static", compile_config=cc)
         compile_s = time.perf_counter() - t0
-        step = decode_seconds(model, ids, attn, pad_id, run.max_new_tokens, cache_implementation="static",
+        step = decode_seconds(model, ids, attn, pad, run.max_new_tokens, cache_implementation="static",
                               compile_config=cc)
         print(f"  {'static cache + torch.compile (inductor)':40s} {step * 1e3:7.1f} ms/step   ÷ bound "
               f"{step / bound:5.2f}   (compile {compile_s:.0f} s)")

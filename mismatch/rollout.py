@@ -86,17 +86,18 @@ def prompt_batch(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat
                  context: tuple[tuple[str, str], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Encoded prompts (`encode`) left-padded into `input_ids` and `attention_mask`, `[B, P]` each,
     as `generate` feeds them to the model; pad = the tokenizer's pad, else EOS, else 0."""
-    return _pad_left(encode(tokenizer, prompts, chat=chat, context=context), _pad_id(tokenizer))
+    return _pad_left(encode(tokenizer, prompts, chat=chat, context=context), pad_id(tokenizer))
 
 
 def teacher_forced(lm: LM, texts: list[str], *, chat: bool = False) -> Batch:
     """A batch that scores every token of each text after its first (left-padded)."""
     seqs = encode(lm.tokenizer, texts, chat=chat)
-    ids, attn = _pad_left(seqs, _pad_id(lm.tokenizer))
+    ids, attn = _pad_left(seqs, pad_id(lm.tokenizer))
     return Batch(ids, attn, scorable(attn).long(), tuple(texts))
 
 
-def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id `generate` pads with: the tokenizer's pad token, else EOS, else 0."""
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if candidate is not None:
             return int(candidate)
@@ -143,7 +144,7 @@ def generate(
     prompt_ids, prompt_attn = prompt_batch(tok, prompts, chat=chat, context=context)
     eos = tok.eos_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                  pad_token_id=_pad_id(tok), eos_token_id=eos, use_cache=True)
+                  pad_token_id=pad_id(tok), eos_token_id=eos, use_cache=True)
     kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p or 1.0)
                   if temperature > 0 else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
     device = next(lm.model.parameters()).device
