@@ -111,3 +111,17 @@ def test_smollm2_cache_holds_the_gguf_weights(smollm2):
     # Q4_1 grid: each block of 32 weights takes at most 16 distinct values
     w = smollm2.model.model.layers[3].mlp.down_proj.weight.detach().reshape(-1, 32)
     assert max(len(torch.unique(row)) for row in w[:512]) <= 16
+
+
+def test_gguf_memoization_holds_only_inside_the_conversion():
+    """The conversion's memoized GGUF parsing and name maps are in force within the block only."""
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+    with models._gguf_parsed_once():
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 2)
+        assert gguf.GGUFReader is not saved[0]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == saved
+    assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 30)
