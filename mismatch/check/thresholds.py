@@ -1,0 +1,198 @@
+"""Admission thresholds fitted from a study's results: which mismatch statistic, measured before any
+training, separates rollout configurations OPD tolerated from those it did not.
+
+The statistic of a configuration is what the first OPD step of each of its runs measured on its own
+rollout tokens, before any update: the rollout copy is then the perturbed initial student and the
+trained policy the initial student itself, so it is a static property of the configuration
+(`mismatch_kl`, `mismatch_k3`, … of `mismatch.metrics.sampled_token_metrics`, the functions the
+check computes too). Staleness and reuse measure 0 there by construction (no update yet to lag
+behind), so they are not fitted: their verdicts are carried over as the study measured them
+(`Thresholds.lagged`).
+
+Labels come from the study's tolerance analysis (`mismatch.report.tolerance`): a level is *tolerated*
+(for fitting) when its mean over seeds of Δ final held-out accuracy ≥ −acc_tol and KL ratio ≤
+1 + kl_tol; the interval verdict (tolerated / uncertain / not tolerated) is kept beside it. Each
+statistic gets a one-sided limit (admit when the statistic ≤ limit) at the geometric midpoint of the
+split that best separates the labels (balanced accuracy; ties: the widest gap in log space). With no
+not-tolerated point the limit is the largest tolerated value: beyond it nothing was measured.
+Leave-one-pair-out validation refits without each pair and predicts its levels, against the
+baseline "always admit".
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mismatch.errors import InputError
+from mismatch.report.tolerance import level_table, run_table
+from mismatch.results import read_results
+from mismatch.version import __version__
+
+STATISTICS = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
+              "mismatch_is_ratio_outside_frac")
+PRIMARY = "mismatch_kl"
+STATIC_SOURCES = ("format", "noise")
+LAGGED_SOURCES = ("stale", "reuse")
+DEFAULT_FILE = Path(__file__).resolve().parent.parent / "data" / "admission_thresholds.json"
+
+
+@dataclass
+class Thresholds:
+    """Fitted limits (`limits[statistic]`), the points they were fitted on, their leave-one-pair-out
+    validation, the lagged sources' measured verdicts, and provenance."""
+
+    primary: str
+    limits: dict[str, float]
+    points: list[dict]
+    validation: list[dict]
+    lagged: list[dict]
+    provenance: dict = field(default_factory=dict)
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1, default=_jsonable) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Thresholds:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"thresholds file not found: {path}")
+        try:
+            return cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise InputError(f"{path} is not a thresholds file ({exc})") from None
+
+
+def _jsonable(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return str(value)
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """The thresholds in `path`, or the ones shipped with the package (fitted on `sweeps/paper.toml`)."""
+    return Thresholds.from_json(DEFAULT_FILE if path is None else path)
+
+
+def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per OPD run (`run_id` index): each `STATISTICS` metric at step 1 (before any update)."""
+    first = rows[(rows["kind"] == "opd") & (rows["level"] == "step") & (rows["step"] == 1)
+                 & rows["metric"].isin(STATISTICS)]
+    return first.pivot_table(index="run_id", columns="metric", values="value", aggfunc="last")
+
+
+def labelled_points(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """One row per pair × source × settings × level of the static sources: the mean over seeds of
+    each first-step statistic, the level's tolerance numbers and verdict, and `tolerated` (the label:
+    mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol)."""
+    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    if levels.empty:
+        raise InputError("no judged OPD levels in these results: run a study with clean twins first")
+    stats = first_step_statistics(rows)
+    runs = runs.join(stats, on="run_id")
+    keys = ["pair", "source", "settings", "level"]
+    means = runs[~runs["clean"]].groupby(keys, sort=False)[[s for s in STATISTICS if s in runs]].mean()
+    points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
+    acc_ok = points["acc_delta"].isna() | (points["acc_delta"] >= -acc_tol)
+    points = points.assign(level=points["level"].map(str),
+                           tolerated=acc_ok & (points["kl_ratio"] <= 1 + kl_tol))
+    return points.reset_index(drop=True)
+
+
+def fit_limit(x: np.ndarray, tolerated: np.ndarray) -> float:
+    """The one-sided limit (admit when x ≤ limit) that best separates `tolerated` (bool) from not:
+    geometric midpoint of the best split by balanced accuracy, widest log gap among ties; the largest
+    tolerated value when no point is not tolerated (NaN when there is no point)."""
+    x, tolerated = np.asarray(x, dtype=float), np.asarray(tolerated, dtype=bool)
+    keep = np.isfinite(x)
+    x, tolerated = x[keep], tolerated[keep]
+    if len(x) == 0:
+        return math.nan
+    if tolerated.all():
+        return float(x.max())
+    if not tolerated.any():
+        return float(x.min()) / 2.0
+    values = np.unique(np.maximum(x, 1e-300))
+    best, best_key = math.nan, (-1.0, -1.0)
+    for lo, hi in zip(values[:-1], values[1:]):
+        admit = x <= lo
+        bal = 0.5 * (admit[tolerated].mean() + (~admit[~tolerated]).mean())
+        key = (round(bal, 12), math.log(hi) - math.log(lo))
+        if key > best_key:
+            best, best_key = math.sqrt(lo * hi), key
+    return best
+
+
+def _confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, int]:
+    admit = x <= limit
+    return {"admit_tolerated": int((admit & tolerated).sum()), "admit_not": int((admit & ~tolerated).sum()),
+            "reject_tolerated": int((~admit & tolerated).sum()), "reject_not": int((~admit & ~tolerated).sum())}
+
+
+def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
+    """Leave one pair out, each pair in turn: the limit fitted on the other pairs, its confusion
+    counts on the held-out pair's levels, its accuracy and that of always admitting."""
+    out = []
+    for pair in sorted(points["pair"].unique()):
+        train, test = points[points["pair"] != pair], points[points["pair"] == pair]
+        limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
+        x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
+        conf = _confusion(x, y, limit)
+        out.append({"statistic": statistic, "held_out": pair, "limit": limit, "levels": len(test), **conf,
+                    "accuracy": (conf["admit_tolerated"] + conf["reject_not"]) / max(len(test), 1),
+                    "always_admit_accuracy": float(y.mean()) if len(y) else math.nan})
+    return out
+
+
+def lagged_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[dict]:
+    """The study's measured verdicts of staleness and reuse levels (what the check carries over)."""
+    levels = level_table(run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol), kl_tol=kl_tol, acc_tol=acc_tol)
+    lagged = levels[levels["source"].isin(LAGGED_SOURCES)]
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in lagged.to_dict("records")]
+
+
+def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.10,
+                   acc_tol: float = 0.02) -> Thresholds:
+    """Fit admission limits from a results dataset (a study with clean twins; `mismatch sweep`).
+
+    Returns:
+        `Thresholds`: a limit per first-step statistic (`STATISTICS`, nats or shares as defined in
+        `mismatch.metrics.sampled_token_metrics`), the labelled points, leave-one-pair-out validation
+        of every statistic, the staleness / reuse verdicts, and provenance (results, runs, version).
+    """
+    paths = [results] if isinstance(results, (str, Path)) else list(results)
+    rows = pd.concat([read_results(p) for p in paths], ignore_index=True)
+    points = labelled_points(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    stats = [s for s in STATISTICS if s in points and points[s].notna().any()]
+    if PRIMARY not in stats:
+        raise InputError("these results hold no first-step mismatch statistics (OPD runs record them per step)")
+    limits = {s: fit_limit(points[s].to_numpy(), points["tolerated"].to_numpy()) for s in stats}
+    validation = [v for s in stats for v in validate(points, s)]
+    opd_ids = sorted(rows.loc[rows["kind"] == "opd", "run_id"].unique())
+    provenance = {"results": [str(p) for p in paths], "opd_runs": len(opd_ids),
+                  "opd_run_ids_sha": _digest(opd_ids), "kl_tol": kl_tol, "acc_tol": acc_tol,
+                  "fitted_with": f"mismatch {__version__}",
+                  "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "label": f"tolerated = mean Δ accuracy ≥ −{acc_tol:g} and mean KL ratio ≤ {1 + kl_tol:g}"}
+    records = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in points.to_dict("records")]
+    return Thresholds(primary=PRIMARY, limits=limits, points=records, validation=validation,
+                      lagged=lagged_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), provenance=provenance)
+
+
+
+def _digest(ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
