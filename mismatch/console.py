@@ -155,3 +155,29 @@ def sweep_summary(report: SweepReport, out) -> Table:
     for tid, message in report.failed.items():
         table.add_row(f"failed {tid}", escape(message))
     return table
+
+
+def admission_table(admission) -> Table:
+    """The admission check's gates: statistic, value with its 95% interval, limit, status, source."""
+    cal = admission.calibration
+    title = (f"{admission.model} with rollouts under {admission.rollout} [{admission.layers}]: "
+             f"{admission.status.upper()} ({cal['sequences']} sampled responses, {cal['tokens']} tokens)")
+    table = Table("gate", "value", "95% interval", "limit", "status", "limit from", title=escape(title))
+    for d in admission.decisions:
+        table.add_row(escape(d.metric), f"{d.value:.4g}", f"[{d.low:.4g}, {d.high:.4g}]", f"{d.limit:.4g}",
+                      d.status, escape(d.source))
+    for note in admission.notes:
+        table.caption = (table.caption + "\n" if table.caption else "") + escape(note)
+    return table
+
+
+def thresholds_table(thresholds) -> Table:
+    """Fitted limits with the interval the data pin them to and their leave-one-pair-out accuracy."""
+    table = Table("statistic", "limit", "pinned to", "held-out pair", "limit without it", "levels", "accuracy",
+                  "always admit", title="admission thresholds (admit when statistic ≤ limit)")
+    for v in thresholds.validation:
+        lo, hi = thresholds.brackets.get(v["statistic"], [math.nan, math.nan])
+        table.add_row(v["statistic"], f"{thresholds.limits[v['statistic']]:.3g}", f"[{lo:.3g}, {hi:.3g}]",
+                      v["held_out"], f"{v['limit']:.3g}", str(v["levels"]), f"{v['accuracy']:.2f}",
+                      f"{v['always_admit_accuracy']:.2f}")
+    return table

@@ -46,11 +46,13 @@ DEFAULT_FILE = Path(__file__).resolve().parent.parent / "data" / "admission_thre
 
 @dataclass
 class Thresholds:
-    """Fitted limits (`limits[statistic]`), the points they were fitted on, their leave-one-pair-out
+    """Fitted limits (`limits[statistic]`) and the interval the data pin each to, the points they were fitted on, their leave-one-pair-out
     validation, the lagged sources' measured verdicts, and provenance."""
 
     primary: str
     limits: dict[str, float]
+    brackets: dict[str, list[float]]  # [largest tolerated ≤ limit, smallest not tolerated > limit]: the
+    # data pin the limit only to that interval
     points: list[dict]
     validation: list[dict]
     lagged: list[dict]
@@ -102,9 +104,10 @@ def labelled_points(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float 
     if levels.empty:
         raise InputError("no judged OPD levels in these results: run a study with clean twins first")
     stats = first_step_statistics(rows)
-    runs = runs.join(stats, on="run_id")
+    runs = runs.drop(columns=[c for c in stats.columns if c in runs]).join(stats, on="run_id")
     keys = ["pair", "source", "settings", "level"]
-    means = runs[~runs["clean"]].groupby(keys, sort=False)[[s for s in STATISTICS if s in runs]].mean()
+    means = runs[~runs["clean"]].groupby(keys, sort=False)[list(stats.columns)].mean()
+    levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"})  # mean over the whole run
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
     acc_ok = points["acc_delta"].isna() | (points["acc_delta"] >= -acc_tol)
     points = points.assign(level=points["level"].map(str),
@@ -134,6 +137,14 @@ def fit_limit(x: np.ndarray, tolerated: np.ndarray) -> float:
         if key > best_key:
             best, best_key = math.sqrt(lo * hi), key
     return best
+
+
+def bracket(x: np.ndarray, tolerated: np.ndarray, limit: float) -> list[float]:
+    """`[largest tolerated value ≤ limit, smallest not-tolerated value > limit]` (NaN where none):
+    any limit inside separates the points as well; the data say no more."""
+    x, tolerated = np.asarray(x, dtype=float), np.asarray(tolerated, dtype=bool)
+    below, above = x[tolerated & (x <= limit)], x[~tolerated & (x > limit)]
+    return [float(below.max()) if len(below) else math.nan, float(above.min()) if len(above) else math.nan]
 
 
 def _confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, int]:
@@ -176,20 +187,30 @@ def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.
     """
     paths = [results] if isinstance(results, (str, Path)) else list(results)
     rows = pd.concat([read_results(p) for p in paths], ignore_index=True)
+    return thresholds_from_rows(rows, sources=[str(p) for p in paths], kl_tol=kl_tol, acc_tol=acc_tol)
+
+
+def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: float = 0.10,
+                         acc_tol: float = 0.02) -> Thresholds:
+    """`fit_thresholds` on results rows already read (`sources` names them in the provenance)."""
+    rows = rows[rows["kind"] == "opd"].dropna(axis=1, how="all")
+    if rows.empty:
+        raise InputError(f"no OPD runs in {', '.join(sources)}")
     points = labelled_points(rows, kl_tol=kl_tol, acc_tol=acc_tol)
     stats = [s for s in STATISTICS if s in points and points[s].notna().any()]
     if PRIMARY not in stats:
         raise InputError("these results hold no first-step mismatch statistics (OPD runs record them per step)")
     limits = {s: fit_limit(points[s].to_numpy(), points["tolerated"].to_numpy()) for s in stats}
+    brackets = {s: bracket(points[s].to_numpy(), points["tolerated"].to_numpy(), limits[s]) for s in stats}
     validation = [v for s in stats for v in validate(points, s)]
-    opd_ids = sorted(rows.loc[rows["kind"] == "opd", "run_id"].unique())
-    provenance = {"results": [str(p) for p in paths], "opd_runs": len(opd_ids),
+    opd_ids = sorted(rows["run_id"].unique())
+    provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": kl_tol, "acc_tol": acc_tol,
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   "label": f"tolerated = mean Δ accuracy ≥ −{acc_tol:g} and mean KL ratio ≤ {1 + kl_tol:g}"}
     records = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in points.to_dict("records")]
-    return Thresholds(primary=PRIMARY, limits=limits, points=records, validation=validation,
+    return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=records, validation=validation,
                       lagged=lagged_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), provenance=provenance)
 
 

@@ -1,0 +1,280 @@
+"""The admission check: is a rollout configuration safe for OPD on this model?
+
+`check(model, rollout=SPEC)` samples a small calibration set of responses the way the rollout engine
+would (the model under `SPEC`, temperature 1), scores them teacher-forced by the model itself (one
+reference pass) and by the rollout copy (one candidate pass, `mismatch.probe`), and compares the
+mismatch statistics of those sampled tokens with limits:
+
+* the fitted limits (`mismatch.check.thresholds`, shipped in `mismatch/data/admission_thresholds.json`,
+  fitted on the study of `sweeps/paper.toml`): the statistic the study's OPD runs measured on their
+  first rollouts, where tolerated and not-tolerated configurations separated;
+* optionally the gates practitioners use (`mismatch.check.gates.PRESETS`: verl, slime, NeMo RL).
+
+Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
+passes when the whole interval lies at or below its limit, fails when the whole interval lies above,
+and is uncertain otherwise. Staleness and reuse cannot be measured before training (no update to lag
+behind yet); given `staleness=K` / `reuse=R`, the check carries over the study's measured verdict of
+that level (sort-gpt2, its default settings) and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mismatch.check.gates import Gate, preset_gates, rollout_stats
+from mismatch.check.thresholds import Thresholds, load_thresholds
+from mismatch.errors import InputError
+from mismatch.metrics import sampled_token_metrics
+from mismatch.models import LM, context_length
+from mismatch.pairs.registry import PAIRS
+from mismatch.perturb import parse_spec, perturbed, select
+from mismatch.perturb.spec import ReuseConfig, StaleConfig
+from mismatch.probe_runs import load_member
+from mismatch.probes import probe, reference
+from mismatch.rollout import encode, generate, read_prompts
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
+BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
+STATUSES = ("admit", "uncertain", "reject")
+
+
+@dataclass
+class Decision:
+    """One gate applied: the statistic's value and 95% interval, the limit, where it comes from."""
+
+    metric: str
+    value: float
+    low: float
+    high: float
+    limit: float
+    source: str
+    status: str  # admit (interval ≤ limit), reject (interval > limit), uncertain
+
+
+@dataclass
+class Admission:
+    """The check's answer. `status` is `admit`, `uncertain` or `reject`; `admitted` = admit.
+    `metrics`: every statistic measured (mismatch's own names, the frameworks' names, full-vocabulary
+    probe summaries under `probe/`); `violations`: the gates not passed (failed or uncertain);
+    `recipe` and `cost` are filled by the recipe search and the cost model when asked for."""
+
+    model: str
+    rollout: str
+    layers: str
+    status: str
+    metrics: dict[str, float]
+    decisions: list[Decision]
+    notes: list[str] = field(default_factory=list)
+    calibration: dict[str, object] = field(default_factory=dict)
+    recipe: dict | None = None
+    cost: dict | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.status == "admit"
+
+    @property
+    def violations(self) -> list[Decision]:
+        return [d for d in self.decisions if d.status != "admit"]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["admitted"] = self.admitted
+        out["violations"] = [asdict(v) for v in self.violations]
+        return out
+
+
+def combine_status(statuses: list[str]) -> str:
+    """Any reject → reject; else any uncertain → uncertain; else admit (nothing to judge: uncertain)."""
+    if not statuses:
+        return "uncertain"
+    return max(statuses, key=STATUSES.index)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration set's prompts and how to sample them."""
+
+    texts: list[str]
+    source: str
+    chat: bool | None  # None: decided from the tokenizer
+    context: tuple[tuple[str, str], ...] = ()
+    max_new_tokens: int | None = None  # None: the caller's default
+
+
+def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_prompts: int, seed: int
+                        ) -> Calibration:
+    """The user's prompts (a file or a list), else a pair student's own held-out task prompts (with
+    the pair's chat setting, context and response length), else the built-in general prompts; the
+    first `n_prompts` of them."""
+    if n_prompts < 1:
+        raise InputError(f"n_prompts must be ≥ 1, got {n_prompts}")
+    pair_name, _, role = model.rpartition(":")
+    if prompts is None and pair_name in PAIRS:
+        from mismatch.pairs import load_pair
+
+        pair = load_pair(pair_name)
+        if pair.task is not None:
+            context = pair.student_context if role == "student" else pair.teacher_context
+            return Calibration(pair.prompts("held_out", n_prompts, seed=seed), f"{pair_name} held-out task prompts",
+                               pair.chat, context, pair.max_new_tokens)
+    if prompts is None:
+        texts, source = read_prompts(DEFAULT_PROMPTS), "built-in general prompts"
+    elif isinstance(prompts, (str, Path)):
+        texts, source = read_prompts(prompts), str(prompts)
+    else:
+        texts, source = list(prompts), "given prompts"
+    if not texts:
+        raise InputError("no calibration prompts")
+    return Calibration(texts[:n_prompts], source, None)
+
+
+def response_budget(lm: LM, cal: Calibration, chat: bool, wanted: int) -> int:
+    """`wanted` new tokens, capped so the longest prompt plus its response fits the model's context."""
+    limit = context_length(lm.model)
+    if limit is None:
+        return wanted
+    longest = max(len(ids) for ids in encode(lm.tokenizer, cal.texts, chat=chat, context=cal.context))
+    if longest >= limit:
+        raise InputError(f"a calibration prompt has {longest} tokens; {lm.name}'s context is {limit}")
+    return min(wanted, limit - longest)
+
+
+def _bootstrap(values: dict[str, float], stat, seq_N: torch.Tensor, seed: int) -> dict[str, tuple[float, float]]:
+    """95% percentile intervals of each statistic in `values` over `BOOTSTRAP` resamples of the sequences."""
+    n_seq = int(seq_N.max()) + 1
+    rows_of = [torch.nonzero(seq_N == s).squeeze(1) for s in range(n_seq)]
+    gen = torch.Generator().manual_seed(seed)
+    draws: dict[str, list[float]] = {k: [] for k in values}
+    for _ in range(BOOTSTRAP):
+        pick = torch.randint(0, n_seq, (n_seq,), generator=gen)
+        idx = torch.cat([rows_of[s] for s in pick.tolist()])
+        new_seq = torch.cat([torch.full((len(rows_of[s]),), i) for i, s in enumerate(pick.tolist())])
+        got = stat(idx, new_seq)
+        for k in values:
+            draws[k].append(got[k])
+    return {k: (float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))) for k, v in draws.items()}
+
+
+def decide(value: float, low: float, high: float, limit: float) -> str:
+    """admit when the interval lies at or below the limit, reject when wholly above, else uncertain."""
+    if math.isnan(value) or math.isnan(limit):
+        return "uncertain"
+    return "admit" if high <= limit else "reject" if low > limit else "uncertain"
+
+
+def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[str, str]:
+    """The study's verdict of `source` at `level` on its default settings, as (status, note)."""
+    rows = [r for r in thresholds.lagged if r["source"] == source]
+    if not rows:
+        return "uncertain", f"{source}:{level}: the thresholds' study measured no {source} levels"
+    by_settings: dict[str, list[dict]] = {}
+    for r in rows:
+        by_settings.setdefault(r["settings"], []).append(r)
+    ladder = max(by_settings.values(), key=len)  # the settings the level ladder ran with
+    match = [r for r in ladder if float(r["level"]) == float(level)]
+    if not match:
+        levels = ", ".join(str(r["level"]) for r in ladder)
+        return "uncertain", f"{source}:{level} was not measured by the study (levels {levels})"
+    r = match[0]
+    status = {"tolerated": "admit", "not tolerated": "reject"}.get(r["verdict"], "uncertain")
+    acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
+        f"Δ accuracy {100 * r['acc_delta']:+.1f} ± {100 * r['acc_delta_hw']:.1f} pts, ")
+    note = (f"{source}:{level} cannot be measured before training; carried over from the study: {r['pair']}, "
+            f"{r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over {r['seeds']} "
+            f"seeds → {r['verdict']}")
+    return status, note
+
+
+def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Path | list[str] | None = None,
+          layers: str = "linear", thresholds: Thresholds | str | Path | dict[str, float] | None = None,
+          seed: int = 0, *, staleness: int = 0, reuse: int = 1, presets: tuple[str, ...] = (),
+          n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0
+          ) -> Admission:
+    """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
+
+    Args:
+        model: anything `mismatch.load` takes (a local checkpoint, a built-in, `PAIR:student`), or an LM.
+        rollout: the rollout copy's perturbation spec (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`,
+            …); staleness and reuse are given separately.
+        prompts: calibration prompts (a file, one per line, or a list); default: a pair student's
+            held-out task prompts, else the built-in general prompts.
+        layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
+        thresholds: fitted limits (a `Thresholds`, a thresholds JSON file, or `{metric: limit}`);
+            default: the shipped ones.
+        seed: sampling and bootstrap seed (same seed, same answer).
+        staleness, reuse: the intended pipeline's lag K and reuse R (carried over from the study).
+        presets: practitioners' gates to apply too (`verl`, `slime`, `nemo-rl`).
+        n_prompts, max_new_tokens: calibration size (default 16 prompts × ≤ 128 sampled tokens; a
+            pair's own response length for its task prompts; capped to the model's context).
+        chat: wrap prompts in the chat template (default: when the tokenizer has one).
+
+    Returns:
+        An `Admission`.
+    """
+    spec = parse_spec(rollout)
+    if isinstance(spec, (StaleConfig, ReuseConfig)):
+        raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
+    if staleness < 0 or reuse < 1:
+        raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
+    name = model.name if isinstance(model, LM) else model
+    lm = model if isinstance(model, LM) else load_member(model, seed=seed)
+    select(lm.model, layers)  # fail fast on a bad scope
+    cal = calibration_prompts(name, prompts, n_prompts, seed)
+    use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
+        getattr(lm.tokenizer, "chat_template", None))
+    new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
+
+    with perturbed(lm.model, str(spec), layers=layers, seed=seed) as cand:
+        batch = generate(LM(cand, lm.tokenizer, name), cal.texts, max_new_tokens=new_tokens, chat=use_chat,
+                         context=cal.context if use_chat else (), temperature=1.0, seed=seed)
+    ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
+    with perturbed(lm.model, str(spec), layers=layers, seed=seed) as cand:
+        result = probe(ref, LM(cand, lm.tokenizer, name), per_layer=False, clip=clip)
+    tok = result.per_token
+    logp_train = torch.tensor(tok["logp_ref"].to_numpy(), dtype=torch.float64)
+    logp_rollout = torch.tensor(tok["logp_cand"].to_numpy(), dtype=torch.float64)
+    seq = torch.tensor(tok["seq"].to_numpy(), dtype=torch.long)
+    seq = torch.unique(seq, return_inverse=True)[1]  # sequences with no response token drop out
+
+    def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
+        own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
+        return {**{f"mismatch_{k}": v for k, v in own.items()}, **rollout_stats(logp_train[idx], logp_rollout[idx],
+                                                                                  seq_idx)}
+
+    metrics = stats(torch.arange(len(seq)), seq)
+    metrics.update({f"probe/{k}": result.summary[k] for k in ("kl_fwd_mean", "kl_rev_mean", "tv_mean", "top1_agree")})
+    gates = _gates(thresholds) + list(preset_gates(tuple(presets)))
+    intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
+    decisions = [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
+                          decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
+    statuses, notes = [d.status for d in decisions], []
+    table = thresholds if isinstance(thresholds, Thresholds) else (
+        load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
+    for source, level, off in (("stale", staleness, 0), ("reuse", reuse, 1)):
+        if level != off:
+            status, note = _lagged_decision(table, source, level)
+            statuses.append(status)
+            notes.append(note)
+    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), "sequences": int(seq.max()) + 1,
+                   "tokens": len(seq), "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat,
+                   "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
+    return Admission(model=name, rollout=str(spec), layers=layers, status=combine_status(statuses),
+                     metrics=metrics, decisions=decisions, notes=notes, calibration=calibration)
+
+
+def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None) -> list[Gate]:
+    if isinstance(thresholds, dict):
+        return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
+    table = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(thresholds)
+    limit = table.limits[table.primary]
+    lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
+    prov = table.provenance
+    return [Gate(table.primary, limit,
+                 f"fitted on {', '.join(prov.get('results', []))} ({prov.get('fitted_with', '?')}): tolerated "
+                 f"configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean")]

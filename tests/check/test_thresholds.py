@@ -1,0 +1,104 @@
+"""Threshold fitting: the split against brute force, and a whole fit on a hand-made study."""
+
+import dataclasses
+import itertools
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mismatch.check.thresholds import Thresholds, bracket, fit_limit, thresholds_from_rows, validate
+from mismatch.opd.config import OPDConfig
+from mismatch.results import tidy
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+def _balanced(x, y, t):
+    admit = [xi <= t for xi in x]
+    tol = [a for a, yi in zip(admit, y) if yi]
+    bad = [not a for a, yi in zip(admit, y) if not yi]
+    return 0.5 * (sum(tol) / len(tol) + sum(bad) / len(bad))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fit_limit_reaches_the_best_balanced_accuracy_with_the_widest_gap(seed):
+    rng = random.Random(seed)
+    x = [math.exp(rng.uniform(-8, 1)) for _ in range(12)]
+    y = [xi < 0.05 or rng.random() < 0.2 for xi in x]
+    y[0], y[1] = True, False
+    limit = fit_limit(np.array(x), np.array(y))
+    values = sorted(set(x))
+    splits = list(zip(values[:-1], values[1:]))
+    best = max(_balanced(x, y, lo) for lo, _ in splits)
+    assert _balanced(x, y, limit) == pytest.approx(best)
+    gaps = [math.log(hi / lo) for lo, hi in splits if _balanced(x, y, lo) == pytest.approx(best)]
+    lo, hi = next((lo, hi) for lo, hi in splits if lo < limit < hi)
+    assert math.log(hi / lo) == pytest.approx(max(gaps)) and limit == pytest.approx(math.sqrt(lo * hi))
+
+
+def test_fit_limit_without_a_failure_is_the_largest_tolerated_value():
+    assert fit_limit(np.array([0.1, 0.3, np.nan]), np.array([True, True, False])) == 0.3
+    assert bracket(np.array([0.1, 0.3, 2.0]), np.array([True, True, False]), 0.5) == [0.3, 2.0]
+
+
+# first-step mismatch_kl of each level, and whether its runs keep up with clean (Δ accuracy in points)
+STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -0.5), "noise:1.0": (1.3, -12.0)},
+         "reverse-qwen3": {"fp8-e4m3": (0.004, 0.3), "int4:group128": (0.15, -1.0), "noise:3.0": (2.0, -20.0)},
+         "copy-x": {"int4:group128": (0.8, -9.0), "fp8-e4m3": (0.01, 0.0)}}
+
+
+def _run(config, acc, first_kl):
+    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": 1.0},
+            {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 1, "metric": "mismatch_kl", "value": first_kl},
+            {"step": 2, "metric": "mismatch_kl", "value": 5 * first_kl}]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+
+
+@pytest.fixture
+def study():
+    frames = []
+    for pair, levels in STUDY.items():
+        base = OPDConfig(pair=pair, steps=2, batch_size=4)
+        for seed in range(2):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 0.5, 0.0))
+            for rollout, (kl, delta) in levels.items():
+                frames.append(_run(dataclasses.replace(base, rollout=rollout, seed=seed),
+                                   0.5 + (delta + 0.2 * seed) / 100, kl * (1 + 0.1 * seed)))
+            frames.append(_run(dataclasses.replace(base, rollout="stale:2", seed=seed), 0.40, 0.0))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_out(study, tmp_path):
+    t = thresholds_from_rows(study, sources=["hand-made"])
+    points = pd.DataFrame(t.points).set_index(["pair", "level"])
+    assert points.loc[("sort-gpt2", "int4:group128"), "mismatch_kl"] == pytest.approx(0.03 * 1.05)  # mean of 2 seeds
+    assert points.loc[("sort-gpt2", "int4:group128"), "run_mismatch_kl"] == pytest.approx(0.03 * 1.05 * 3)
+    assert not points.loc[("copy-x", "int4:group128"), "tolerated"] and points.loc[("copy-x", "fp8-e4m3:channel"),
+                                                                                   "tolerated"]
+    # tolerated ≤ 0.15·1.05, not tolerated ≥ 0.8·1.05: the limit is their geometric mean
+    assert t.brackets["mismatch_kl"] == pytest.approx([0.1575, 0.84])
+    assert t.limits["mismatch_kl"] == pytest.approx(math.sqrt(0.1575 * 0.84))
+    v = {r["held_out"]: r for r in t.validation}
+    # without copy-x the split lies between 0.1575 and 1.365 (sort-gpt2's noise): copy-x's int4 (0.84) is rejected
+    assert v["copy-x"]["limit"] == pytest.approx(math.sqrt(0.1575 * 1.365))
+    assert (v["copy-x"]["admit_not"], v["copy-x"]["reject_not"], v["copy-x"]["accuracy"]) == (0, 1, 1.0)
+    assert v["copy-x"]["always_admit_accuracy"] == 0.5
+    assert v["sort-gpt2"]["accuracy"] == 1.0 and v["sort-gpt2"]["always_admit_accuracy"] == pytest.approx(2 / 3)
+    assert [(r["source"], r["level"], r["verdict"]) for r in t.lagged] == [("stale", 2, "not tolerated")] * 3
+    back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
+    assert back.limits == t.limits and back.brackets == t.brackets and len(back.points) == len(t.points)
+
+
+def test_validate_on_points_counts_by_hand():
+    points = pd.DataFrame({"pair": ["a", "a", "b", "b"], "s": [0.1, 1.0, 0.2, 0.5],
+                           "tolerated": [True, False, True, False]})
+    rows = {r["held_out"]: r for r in validate(points, "s")}
+    assert rows["a"]["limit"] == pytest.approx(math.sqrt(0.2 * 0.5))  # fitted on b alone
+    assert (rows["a"]["admit_tolerated"], rows["a"]["reject_not"]) == (1, 1)
+    assert rows["b"]["limit"] == pytest.approx(math.sqrt(0.1 * 1.0))
+    assert (rows["b"]["admit_tolerated"], rows["b"]["reject_not"], rows["b"]["admit_not"]) == (1, 1, 0)
