@@ -1,0 +1,118 @@
+"""The admission check on real (tiny random-init) models: its statistics against a direct recomputation,
+the decision rules, the staleness carry-over, determinism and the CLI's exit codes."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import mismatch
+from mismatch.check import Thresholds, check
+from mismatch.check.admission import combine_status, decide
+from mismatch.cli import app
+from mismatch.errors import InputError
+from mismatch.models import LM
+from mismatch.rollout import generate
+
+PROMPTS = ["the cat sat", "a b c d e", "hello there", "sort 3 1 2"]
+
+
+def _thresholds(limit, lagged=()):
+    return Thresholds(primary="mismatch_kl", limits={"mismatch_kl": limit}, brackets={"mismatch_kl": [0.0, 1.0]},
+                      points=[], validation=[], lagged=list(lagged), provenance={"results": ["hand-made"]})
+
+
+def _direct_logprobs(model, batch):
+    """log p(y_t) of each response token by one plain forward pass over the padded batch."""
+    attn = batch.attention_mask
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions).logits.double()
+    logp = logits.log_softmax(-1)[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return logp[batch.response_mask[:, 1:].bool()]
+
+
+def test_statistics_equal_a_direct_recomputation_on_the_same_samples():
+    lm = mismatch.load("tiny-llama")
+    got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12, seed=3)
+    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:
+        batch = generate(LM(cand, lm.tokenizer, "c"), PROMPTS, max_new_tokens=12, temperature=1.0, seed=3)
+        logp_rollout = _direct_logprobs(cand, batch)
+    logp_train = _direct_logprobs(lm.model, batch)
+    log_r = logp_train - logp_rollout
+    assert got.calibration["tokens"] == len(log_r) == int(batch.response_mask.sum())
+    assert got.metrics["mismatch_kl"] == pytest.approx(float((-log_r).mean()), rel=1e-5)
+    assert got.metrics["train/token_mult_prob_error"] == pytest.approx(float(log_r.abs().exp().mean()), rel=1e-5)
+    assert got.metrics["mismatch_kl"] > 0.01 and got.status == "admit"  # interval far below the limit 10
+    assert got.decisions[0].low <= got.metrics["mismatch_kl"] <= got.decisions[0].high
+
+
+def test_identical_rollouts_admit_and_a_large_mismatch_is_rejected():
+    lm = mismatch.load("tiny-llama")
+    same = check(lm, "noise:0", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-9}, max_new_tokens=8,
+                 presets=("slime", "nemo-rl"))
+    assert same.metrics["mismatch_kl"] == 0.0 and same.metrics["train/token_mult_prob_error"] == 1.0
+    assert same.status == "admit" and same.admitted and not same.violations
+    broken = check(lm, "noise:2.0", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-3}, max_new_tokens=8)
+    assert broken.status == "reject" and broken.violations[0].low > 1e-3
+
+
+def test_same_seed_same_answer_and_the_spec_scope_is_recorded():
+    lm = mismatch.load("tiny-qwen3")
+    a = check(lm, "fp8-e4m3:channel", prompts=PROMPTS, layers="mlp", thresholds={"mismatch_kl": 1.0},
+              max_new_tokens=8, seed=5)
+    b = check(lm, "fp8-e4m3:channel", prompts=PROMPTS, layers="mlp", thresholds={"mismatch_kl": 1.0},
+              max_new_tokens=8, seed=5)
+    assert a.metrics == b.metrics and a.decisions == b.decisions
+    assert (a.rollout, a.layers) == ("fp8-e4m3:channel", "mlp")
+
+
+def test_decision_rules():
+    assert decide(0.1, 0.05, 0.2, 0.3) == "admit" and decide(0.5, 0.4, 0.6, 0.3) == "reject"
+    assert decide(0.3, 0.2, 0.4, 0.3) == "uncertain" and decide(float("nan"), 0, 0, 1) == "uncertain"
+    assert combine_status(["admit", "uncertain"]) == "uncertain" and combine_status(["uncertain", "reject"]) == "reject"
+    assert combine_status([]) == "uncertain"
+
+
+LAGGED = [{"pair": "sort-gpt2", "source": "stale", "settings": "lr 0.001", "level": k, "seeds": 3,
+           "acc_delta": d, "acc_delta_hw": 0.01, "kl_ratio": 1.0, "kl_ratio_hw": 0.01, "verdict": v}
+          for k, d, v in ((1, -0.001, "tolerated"), (2, -0.08, "not tolerated"))]
+
+
+@pytest.mark.parametrize("k, status", [(0, "admit"), (1, "admit"), (2, "reject"), (4, "uncertain")])
+def test_staleness_carries_over_the_study_verdict(k, status):
+    lm = mismatch.load("tiny-llama")
+    got = check(lm, "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, LAGGED), max_new_tokens=4, staleness=k)
+    assert got.status == status
+    assert len(got.notes) == (k > 0) and (k == 0 or f"stale:{k}" in got.notes[0])
+
+
+def test_bad_input_is_a_clear_error():
+    lm = mismatch.load("tiny-llama")
+    with pytest.raises(InputError, match="apart from the rollout spec"):
+        check(lm, "stale:1", prompts=PROMPTS)
+    with pytest.raises(InputError, match="unknown"):
+        check(lm, "fp9", prompts=PROMPTS)
+    with pytest.raises(InputError, match="context"):
+        check(lm, "noise:0", prompts=["x" * 200])
+    with pytest.raises(InputError, match="unknown gate preset"):
+        check(lm, "noise:0", prompts=PROMPTS, presets=("trl",))
+
+
+@pytest.mark.parametrize("args, code", [(["--rollout", "noise:0"], 0), (["--rollout", "noise:2.0"], 1),
+                                        (["--rollout", "noise:0", "--staleness", "3"], 3),
+                                        (["--rollout", "bogus:1"], 2)])
+def test_cli_exit_codes_and_json(tmp_path, args, code):
+    path = _thresholds(1e-3).to_json(tmp_path / "t.json")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS))
+    res = CliRunner().invoke(app, ["check", "tiny-llama", *args, "--prompts", str(prompts), "--thresholds", str(path),
+                                   "--max-new-tokens", "6", "--json"])
+    assert res.exit_code == code, res.output
+    if code != 2:
+        payload = json.loads(res.stdout)
+        assert payload["status"] == {0: "admit", 1: "reject", 3: "uncertain"}[code]
+        assert payload["admitted"] == (code == 0) and payload["decisions"][0]["limit"] == 1e-3
+    else:
+        assert "error:" in res.output and len(res.output.strip().splitlines()) == 1
