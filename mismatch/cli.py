@@ -219,17 +219,20 @@ def check_cmd(
     n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
+    recipe: Annotated[bool, typer.Option(help="Search a mixed-precision recipe even if admitted (a reject always does).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
 ) -> None:
     """Is a cheaper rollout configuration safe for OPD on MODEL? Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
     with err.status(f"checking {rollout} on {model}…"):
         admission = check_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
                                     staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
-                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens)
+                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe)
     if json_out:
         typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
     else:
         out.print(console.admission_table(admission))
+        if admission.recipe is not None:
+            out.print(console.recipe_text(admission.recipe), highlight=False, soft_wrap=True)
     raise typer.Exit(CHECK_EXIT[admission.status])
 
 

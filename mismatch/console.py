@@ -181,3 +181,17 @@ def thresholds_table(thresholds) -> Table:
                       v["held_out"], f"{v['limit']:.3g}", str(v["levels"]), f"{v['accuracy']:.2f}",
                       f"{v['always_admit_accuracy']:.2f}")
     return table
+
+
+def recipe_text(recipe: dict) -> str:
+    """A recipe as the lines a user pastes: kept modules, the vLLM and llm-compressor lists, the scope."""
+    import json
+
+    return "\n".join([
+        f"recipe for {recipe['spec']}: keep {len(recipe['kept'])} modules in high precision "
+        f"({100 * recipe['kept_fraction']:.1f}% of the linear weights, {recipe['bits_per_weight']:.2f} bits/weight); "
+        f"verified: {recipe['verified_status']} ({recipe['verified_value']:.4g})",
+        f"vLLM quantization_config ignored_layers: {json.dumps(recipe['vllm_ignored_layers'])}",
+        f"llm-compressor recipe ignore: {json.dumps(recipe['llmcompressor_ignore'])}",
+        f"mismatch: --perturb {recipe['spec']} --layers '{recipe['layers']}'",
+    ])

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mismatch.check.gates import Gate, preset_gates, rollout_stats
+from mismatch.check.recipe import search_recipe
 from mismatch.check.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
 from mismatch.metrics import sampled_token_metrics
@@ -36,7 +37,7 @@ from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.spec import ReuseConfig, StaleConfig
 from mismatch.probe_runs import load_member
 from mismatch.probes import probe, reference
-from mismatch.rollout import encode, generate, read_prompts
+from mismatch.rollout import Batch, encode, generate, read_prompts
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
@@ -194,8 +195,8 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[s
 def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Path | list[str] | None = None,
           layers: str = "linear", thresholds: Thresholds | str | Path | dict[str, float] | None = None,
           seed: int = 0, *, staleness: int = 0, reuse: int = 1, presets: tuple[str, ...] = (),
-          n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0
-          ) -> Admission:
+          n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0,
+          recipe: bool = False) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -213,6 +214,8 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
         n_prompts, max_new_tokens: calibration size (default 16 prompts × ≤ 128 sampled tokens; a
             pair's own response length for its task prompts; capped to the model's context).
         chat: wrap prompts in the chat template (default: when the tokenizer has one).
+        recipe: search a mixed-precision recipe (`mismatch.check.recipe`) even when not rejected; a
+            rejection always searches one.
 
     Returns:
         An `Admission`.
@@ -230,29 +233,10 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
 
-    with perturbed(lm.model, str(spec), layers=layers, seed=seed) as cand:
-        batch = generate(LM(cand, lm.tokenizer, name), cal.texts, max_new_tokens=new_tokens, chat=use_chat,
-                         context=cal.context if use_chat else (), temperature=1.0, seed=seed)
-    ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
-    with perturbed(lm.model, str(spec), layers=layers, seed=seed) as cand:
-        result = probe(ref, LM(cand, lm.tokenizer, name), per_layer=False, clip=clip)
-    tok = result.per_token
-    logp_train = torch.tensor(tok["logp_ref"].to_numpy(), dtype=torch.float64)
-    logp_rollout = torch.tensor(tok["logp_cand"].to_numpy(), dtype=torch.float64)
-    seq = torch.tensor(tok["seq"].to_numpy(), dtype=torch.long)
-    seq = torch.unique(seq, return_inverse=True)[1]  # sequences with no response token drop out
-
-    def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
-        own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
-        return {**{f"mismatch_{k}": v for k, v in own.items()}, **rollout_stats(logp_train[idx], logp_rollout[idx],
-                                                                                  seq_idx)}
-
-    metrics = stats(torch.arange(len(seq)), seq)
-    metrics.update({f"probe/{k}": result.summary[k] for k in ("kl_fwd_mean", "kl_rev_mean", "tv_mean", "top1_agree")})
     gates = _gates(thresholds) + list(preset_gates(tuple(presets)))
-    intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
-    decisions = [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
-                          decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
+    sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
+                  clip=clip)
+    metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
     statuses, notes = [d.status for d in decisions], []
     table = thresholds if isinstance(thresholds, Thresholds) else (
         load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
@@ -261,11 +245,55 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
             status, note = _lagged_decision(table, source, level)
             statuses.append(status)
             notes.append(note)
-    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), "sequences": int(seq.max()) + 1,
-                   "tokens": len(seq), "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat,
+    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), "sequences": int(batch.response_mask.any(1).sum()),
+                   "tokens": batch.response_tokens, "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat,
                    "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
-    return Admission(model=name, rollout=str(spec), layers=layers, status=combine_status(statuses),
-                     metrics=metrics, decisions=decisions, notes=notes, calibration=calibration)
+    admission = Admission(model=name, rollout=str(spec), layers=layers, status=combine_status(statuses),
+                          metrics=metrics, decisions=decisions, notes=notes, calibration=calibration)
+    if recipe or admission.status == "reject" and any(d.status != "admit" for d in decisions):
+        def verify(scope: str) -> tuple[str, float]:
+            _, checked, _ = measure(lm, str(spec), scope, cal.texts, gates, **sample)
+            return combine_status([d.status for d in checked]), checked[0].value
+
+        found = search_recipe(lm, str(spec), batch, layers, gates[0].limit, verify, seed=seed)
+        admission.recipe = found.to_dict()
+        admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
+                               f"linear weights) in high precision → {found.verified_status} "
+                               f"({gates[0].metric} {found.verified_value:.4g}), {found.bits_per_weight:.2f} bits/weight")
+    return admission
+
+
+def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate], *, chat: bool,
+            context: tuple[tuple[str, str], ...], max_new_tokens: int, seed: int, clip: float
+            ) -> tuple[dict[str, float], list[Decision], Batch]:
+    """Sample the calibration responses with `lm` under `spec` on `layers`, score them by `lm`
+    (reference pass) and by the rollout copy (candidate pass), and apply `gates`.
+
+    Returns:
+        `(metrics, decisions, batch)`: every statistic, one `Decision` per gate, the sampled batch.
+    """
+    with perturbed(lm.model, spec, layers=layers, seed=seed) as cand:
+        batch = generate(LM(cand, lm.tokenizer, lm.name), texts, max_new_tokens=max_new_tokens, chat=chat,
+                         context=context, temperature=1.0, seed=seed)
+    ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
+    with perturbed(lm.model, spec, layers=layers, seed=seed) as cand:
+        result = probe(ref, LM(cand, lm.tokenizer, lm.name), per_layer=False, clip=clip)
+    tok = result.per_token
+    logp_train = torch.tensor(tok["logp_ref"].to_numpy(), dtype=torch.float64)
+    logp_rollout = torch.tensor(tok["logp_cand"].to_numpy(), dtype=torch.float64)
+    seq = torch.unique(torch.tensor(tok["seq"].to_numpy(), dtype=torch.long), return_inverse=True)[1]
+
+    def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
+        own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
+        return {**{f"mismatch_{k}": v for k, v in own.items()},
+                **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
+
+    metrics = stats(torch.arange(len(seq)), seq)
+    metrics.update({f"probe/{k}": result.summary[k] for k in ("kl_fwd_mean", "kl_rev_mean", "tv_mean", "top1_agree")})
+    intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
+    decisions = [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
+                          decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
+    return metrics, decisions, batch
 
 
 def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None) -> list[Gate]:

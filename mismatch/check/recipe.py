@@ -1,0 +1,162 @@
+"""Mixed-precision rollout recipes: the fewest modules to keep in high precision so that a rejected
+rollout format passes the admission check, and their export to vLLM and llm-compressor.
+
+Search (on the check's own calibration batch and reference pass):
+1. the isolation map: the format applied to one decoder block at a time, each block's exact
+   KL(rollout ‖ model) per token (`kl_rev_mean` of `mismatch.probe`);
+2. within the worst blocks (the fewest holding half the summed isolated KL, at most `MAX_REFINED`),
+   each module group on its own. A group is what an engine fuses into one matrix and must quantize
+   alike: q/k/v projections, gate/up projections, every other linear alone;
+3. units (a refined group, or a whole other block) are kept greedily by isolated KL per parameter
+   kept, until the KL predicted for the rest (the full format's KL scaled by the share of summed
+   isolated KL left) falls to `TARGET_SHARE` of the limit;
+4. the recipe is verified by running the whole check again with the format on the remaining modules
+   (fresh samples from that rollout copy): the verification decides. While it does not admit, the
+   next unit is kept and the check runs again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from mismatch.layout import model_layout
+from mismatch.models import LM
+from mismatch.perturb import parse_spec, select
+from mismatch.perturb.scope import _block_linears, _head_name
+from mismatch.probe_runs import probe_candidates
+from mismatch.rollout import Batch
+
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("query", "key", "value"))
+MAX_REFINED = 4  # blocks whose module groups are measured one by one
+TARGET_SHARE = 0.5  # keep units until the predicted KL is this share of the limit
+MAX_VERIFICATIONS = 8
+HIGH_PRECISION_BITS = 16.0  # what an engine keeps an unquantized layer in (bf16)
+
+
+@dataclass
+class Recipe:
+    """Modules kept in high precision, how to reproduce the rollout copy, and its exports."""
+
+    spec: str
+    kept: list[str]  # module names kept in high precision (fused groups whole)
+    layers: str  # the mismatch layer scope (regex) of the quantized modules: `perturbed(model, spec, layers=…)`
+    vllm_ignored_layers: list[str]
+    llmcompressor_ignore: list[str]
+    kept_fraction: float  # share of the scope's linear weights kept in high precision
+    bits_per_weight: float  # effective stored bits per linear weight of the scope
+    verified_status: str  # the check's status with the recipe applied
+    verified_value: float  # the gate statistic with the recipe applied
+    isolation: dict[str, float] = field(default_factory=dict)  # block or group -> isolated kl_rev_mean
+    verifications: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def module_groups(names: list[str]) -> list[list[str]]:
+    """`names` (module order) grouped as an engine fuses them: q/k/v together, gate/up together."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        fused = next((f for f in FUSED if leaf in f), None)
+        key = f"{parent}.{'+'.join(fused)}" if fused else name
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def exact_scope(names: list[str]) -> str:
+    """A layer-scope regex selecting exactly `names`."""
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def _params(model, names: list[str]) -> int:
+    modules = dict(model.named_modules())
+    return sum(modules[n].weight.numel() for n in names)
+
+
+def exports(model, kept: list[str]) -> tuple[list[str], list[str]]:
+    """`(vllm_ignored_layers, llmcompressor_ignore)` for modules kept in high precision: exact module
+    names (vLLM matches a fused layer's prefix only when all its shards are listed, which the fused
+    groups guarantee); llm-compressor's list always holds the output head, which it never quantizes."""
+    head = _head_name(model)
+    return list(kept), [head, *[n for n in kept if n != head]]
+
+
+def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, verify, *, seed: int = 0
+                  ) -> Recipe:
+    """Search the modules to keep in high precision (module docstring).
+
+    Args:
+        lm: the model (reference precision); `batch`: the check's calibration batch.
+        spec, scope: the rollout format and its layer scope.
+        limit: the gate's limit (nats per token for `mismatch_kl`).
+        verify: `verify(layers) -> (status, value)`: the check with the format on `layers`.
+
+    Returns:
+        The verified `Recipe` (`verified_status` is the check's status of the last verification).
+    """
+    model = lm.model
+    spec = str(parse_spec(spec))
+    names = select(model, scope)
+    blocks = _block_linears(model)
+    by_block: dict[int, list[str]] = {}
+    for n in names:
+        by_block.setdefault(blocks[n][0] if n in blocks else len(model_layout(model).layers), []).append(n)
+    block_ids = sorted(by_block)
+    scopes = [exact_scope(by_block[b]) for b in block_ids]
+    iso = [r.result.summary["kl_rev_mean"] for r in probe_candidates(lm, batch, [spec], scopes, per_layer=False,
+                                                                        seed=seed)]
+    isolation = {f"block {b}": e for b, e in zip(block_ids, iso)}
+    order = sorted(range(len(block_ids)), key=lambda i: -iso[i])
+    total, refined, acc = sum(max(e, 0.0) for e in iso), [], 0.0
+    for i in order[:MAX_REFINED]:
+        if acc >= 0.5 * total and refined:
+            break
+        refined.append(block_ids[i])
+        acc += max(iso[i], 0.0)
+    units: list[tuple[float, list[str]]] = []  # (isolated KL, modules)
+    for b, e in zip(block_ids, iso):
+        if b in refined:
+            groups = module_groups(by_block[b])
+            res = probe_candidates(lm, batch, [spec], [exact_scope(g) for g in groups], per_layer=False, seed=seed)
+            for g, r in zip(groups, res):
+                units.append((r.result.summary["kl_rev_mean"], g))
+                isolation[" + ".join(g)] = r.result.summary["kl_rev_mean"]
+        else:
+            units.append((e, by_block[b]))
+    unit_total = sum(max(e, 0.0) for e, _ in units) or 1.0
+    units.sort(key=lambda u: -max(u[0], 0.0) / _params(model, u[1]))
+    full = probe_candidates(lm, batch, [spec], [exact_scope(names)], per_layer=False, seed=seed)[0]
+    full_kl = full.result.summary["kl_rev_mean"]
+    kept: list[str] = []
+    left = unit_total
+    i = 0
+    while i < len(units) and full_kl * left / unit_total > TARGET_SHARE * limit:
+        left -= max(units[i][0], 0.0)
+        kept += units[i][1]
+        i += 1
+    status, value, tries = "uncertain", math.nan, 0
+    while True:
+        rest = [n for n in names if n not in kept]
+        if not rest:
+            status, value = "admit", 0.0  # everything kept: the reference itself
+            break
+        status, value = verify(exact_scope(rest))
+        tries += 1
+        if status == "admit" or i >= len(units) or tries >= MAX_VERIFICATIONS:
+            break
+        kept += units[i][1]
+        i += 1
+    kept = [n for n in names if n in kept]  # model order
+    rest = [n for n in names if n not in kept]
+    total_params, kept_params = _params(model, names), _params(model, kept)
+    bits = getattr(parse_spec(spec), "weight_bits", math.nan)
+    frac = kept_params / total_params
+    vllm, llmc = exports(model, kept)
+    return Recipe(spec=spec, kept=kept, layers=exact_scope(rest) if rest else "none", vllm_ignored_layers=vllm,
+                  llmcompressor_ignore=llmc, kept_fraction=frac,
+                  bits_per_weight=frac * HIGH_PRECISION_BITS + (1 - frac) * bits, verified_status=status,
+                  verified_value=value, isolation=isolation, verifications=tries)
+

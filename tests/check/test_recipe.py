@@ -1,0 +1,57 @@
+"""Mixed-precision recipes: a block made fragile on purpose is found, kept, and the verified check passes."""
+
+import pytest
+import torch
+
+import mismatch
+from mismatch.check import check
+from mismatch.check.recipe import exact_scope, module_groups
+from mismatch.perturb import select
+
+PROMPTS = ["the cat sat on", "a b c d e f", "hello there you", "sort 3 1 2 9", "x y z", "one two three"]
+FRAGILE = [f"model.layers.1.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "mlp.gate_proj", "mlp.up_proj")]
+
+
+def _fragile_llama():
+    """tiny-llama whose block 1 reads input channel 5 nowhere (its norms zero it) yet stores 1e3 there in
+    q/k/v/gate/up: the function is unchanged, but a per-channel absmax scale now rounds every other
+    weight of those rows to zero."""
+    lm = mismatch.load("tiny-llama", seed=1)
+    block = lm.model.model.layers[1]
+    with torch.no_grad():
+        block.input_layernorm.weight[5] = 0.0
+        block.post_attention_layernorm.weight[5] = 0.0
+        for name in FRAGILE:
+            lm.model.get_submodule(name).weight[:, 5] = 1e3
+    return lm
+
+
+def test_module_groups_keep_fused_shards_together_and_scopes_are_exact():
+    lm = mismatch.load("tiny-llama")
+    names = select(lm.model, "1")
+    groups = module_groups(names)
+    assert [len(g) for g in groups] == [3, 1, 2, 1]  # q/k/v, o, gate/up, down
+    assert select(lm.model, exact_scope(groups[0])) == groups[0]
+    assert select(lm.model, exact_scope(names)) == names
+
+
+def test_a_fragile_block_is_kept_and_the_verified_recipe_passes():
+    lm = _fragile_llama()
+    rest = [n for n in select(lm.model, "linear") if n not in FRAGILE]
+    common = dict(prompts=PROMPTS, max_new_tokens=10, seed=0)
+    full = check(lm, "int8:channel", thresholds={"mismatch_kl": 1e9}, **common)
+    without = check(lm, "int8:channel", layers=exact_scope(rest), thresholds={"mismatch_kl": 1e9}, **common)
+    limit = 3 * max(without.decisions[0].high, 1e-4)
+    assert full.decisions[0].low > limit, (full.decisions[0], limit)  # the fragile block dominates
+    got = check(lm, "int8:channel", thresholds={"mismatch_kl": limit}, **common)
+    assert got.status == "reject" and got.recipe is not None
+    recipe = got.recipe
+    assert set(FRAGILE) <= set(recipe["kept"])
+    assert recipe["verified_status"] == "admit" and recipe["verified_value"] <= limit
+    assert recipe["kept_fraction"] < 0.5 and 8 < recipe["bits_per_weight"] < 16
+    assert recipe["vllm_ignored_layers"] == recipe["kept"]
+    assert recipe["llmcompressor_ignore"][0] == "lm_head" and set(recipe["kept"]) <= set(recipe["llmcompressor_ignore"])
+    # the recipe's scope reproduces the rollout copy: the format on every other module
+    assert select(lm.model, recipe["layers"]) == [n for n in select(lm.model, "linear") if n not in recipe["kept"]]
+    assert recipe["isolation"]["block 1"] == max(v for k, v in recipe["isolation"].items() if k.startswith("block"))
