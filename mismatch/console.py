@@ -166,8 +166,18 @@ def admission_table(admission) -> Table:
     for d in admission.decisions:
         table.add_row(escape(d.metric), f"{d.value:.4g}", f"[{d.low:.4g}, {d.high:.4g}]", f"{d.limit:.4g}",
                       d.status, escape(d.source))
-    for note in admission.notes:
-        table.caption = (table.caption + "\n" if table.caption else "") + escape(note)
+    lines = list(admission.notes)
+    if admission.cost is not None:
+        c = admission.cost
+        lines.append(f"rollout cost ({c['label']}, × synchronous rollouts at {c['reference_bits']:g} bits): weight bytes "
+                     f"×{c['weight_bytes']:.3f}, matmul ×{c['matmul_cost']:.3f}, rollouts generated "
+                     f"×{c['rollouts_generated']:.3g} → rollout ×{c['rollout_cost']:.3f}; step wall ×{c['step_wall']:.3f} "
+                     f"(staleness {c['staleness']}, rollout share {c['rollout_share']:g})")
+        if "measured" in c:
+            m = c["measured"]
+            lines.append(f"measured on {m['device']}: {m['reference_tokens_per_s']:.0f} → {m['rollout_tokens_per_s']:.0f} "
+                         f"tokens/s, rollout ×{m['rollout_cost']:.3f}")
+    table.caption = escape("\n".join(lines)) if lines else None
     return table
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mismatch.check.gates import Gate, preset_gates, rollout_stats
+from mismatch.check.cost import measured_cost, rollout_cost
 from mismatch.check.recipe import search_recipe
 from mismatch.check.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
@@ -250,6 +251,7 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
                    "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
     admission = Admission(model=name, rollout=str(spec), layers=layers, status=combine_status(statuses),
                           metrics=metrics, decisions=decisions, notes=notes, calibration=calibration)
+    kept: list[str] = []
     if recipe or admission.status == "reject" and any(d.status != "admit" for d in decisions):
         def verify(scope: str) -> tuple[str, float]:
             _, checked, _ = measure(lm, str(spec), scope, cal.texts, gates, **sample)
@@ -257,9 +259,16 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
 
         found = search_recipe(lm, str(spec), batch, layers, gates[0].limit, verify, seed=seed)
         admission.recipe = found.to_dict()
+        kept = found.kept
         admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
                                f"linear weights) in high precision → {found.verified_status} "
                                f"({gates[0].metric} {found.verified_value:.4g}), {found.bits_per_weight:.2f} bits/weight")
+    if getattr(spec, "weight_bits", None) is not None:  # a format (noise has no cost of its own)
+        admission.cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=staleness,
+                                      reuse=reuse).to_dict()
+        measured = measured_cost(lm, str(spec), cal.texts, layers=layers, seed=seed)  # CUDA and real kernels only
+        if measured is not None:
+            admission.cost["measured"] = measured
     return admission
 
 

@@ -1,0 +1,72 @@
+"""The analytic rollout cost against shapes counted by hand from tiny-llama's configuration."""
+
+import pytest
+
+import mismatch
+from mismatch.check.cost import generation_speed, measured_cost, rollout_cost
+from mismatch.errors import InputError
+
+# tiny-llama: vocab 259, hidden 64, MLP 128, 3 blocks, 4 heads of 16, 2 KV heads, untied head, fp32
+BLOCK = {"q": 64 * 64, "k": 64 * 32, "v": 64 * 32, "o": 64 * 64, "gate": 64 * 128, "up": 64 * 128, "down": 128 * 64}
+LINEAR = 3 * sum(BLOCK.values())
+NORMS = 3 * 2 * 64 + 64
+HEAD = 259 * 64
+TOTAL = LINEAR + NORMS + HEAD  # the input embedding reads one row per token: left out
+
+
+def test_weight_bytes_and_matmul_cost_follow_the_shapes():
+    model = mismatch.load("tiny-llama").model
+    c = rollout_cost(model, "fp8-e4m3:channel")
+    assert c.reference_bits == 32 and c.label == "analytic"
+    assert c.weight_bytes == pytest.approx(((TOTAL - LINEAR) * 32 + LINEAR * 8) / (TOTAL * 32), rel=1e-12)
+    assert c.matmul_cost == 1.0  # weight-only: de-quantized, multiplied at fp32
+    w8a8 = rollout_cost(model, "fp8-e4m3:channel,w8a8")
+    assert w8a8.matmul_cost == pytest.approx((HEAD + LINEAR * 8 / 32) / (HEAD + LINEAR), rel=1e-12)
+    kept = [f"model.layers.0.mlp.{m}_proj" for m in ("gate", "up")]
+    k = rollout_cost(model, "int8:channel", kept=kept)
+    q = LINEAR - BLOCK["gate"] - BLOCK["up"]
+    assert k.weight_bytes == pytest.approx(((TOTAL - q) * 32 + q * 8) / (TOTAL * 32), rel=1e-12)
+
+
+def test_reuse_divides_and_staleness_overlaps():
+    model = mismatch.load("tiny-llama").model
+    base = rollout_cost(model, "int8:channel", rollout_share=0.6)
+    assert base.step_wall == pytest.approx(0.6 * base.weight_bytes + 0.4)
+    reused = rollout_cost(model, "int8:channel", reuse=4, rollout_share=0.6)
+    assert reused.rollout_cost == pytest.approx(base.weight_bytes / 4)
+    stale = rollout_cost(model, "int8:channel", staleness=1, rollout_share=0.6)
+    assert stale.rollout_cost == base.rollout_cost and stale.step_wall == pytest.approx(max(0.6 * base.weight_bytes, 0.4))
+    with pytest.raises(InputError, match="no format"):
+        rollout_cost(model, "noise:0.1")
+    with pytest.raises(InputError, match="rollout_share"):
+        rollout_cost(model, "int8:channel", rollout_share=1.0)
+
+
+def test_a_tied_head_is_counted_once_and_quantized_with_all():
+    model = mismatch.load("tiny-qwen3").model  # tied embeddings: the head is the embedding, read in full
+    linear = sum(p.numel() for n, p in model.named_parameters() if "layers" in n and n.endswith("proj.weight"))
+    total = sum(p.numel() for p in model.parameters())  # named_parameters counts the tied matrix once
+    c = rollout_cost(model, "int8:channel", layers="all")
+    assert c.weight_bytes == pytest.approx(((total - linear - 259 * 64) * 32 + (linear + 259 * 64) * 8) / (total * 32))
+
+
+def test_generation_speed_counts_the_generated_tokens():
+    import torch
+
+    from mismatch.rollout import generate
+
+    lm = mismatch.load("tiny-llama")
+    prompts = ["a b c", "hello"]
+    speed = generation_speed(lm, "int8:channel", prompts, max_new_tokens=6, device="cpu")
+    with mismatch.perturbed(lm.model, "int8:channel") as cand:
+        batch = generate(mismatch.LM(cand, lm.tokenizer, "c"), prompts, max_new_tokens=6, temperature=1.0, seed=0)
+    assert speed["tokens"] == batch.response_tokens and speed["tokens_per_s"] == speed["tokens"] / speed["seconds"]
+    if not torch.cuda.is_available():
+        assert measured_cost(lm, "bnb-nf4", prompts) is None  # analytic only without CUDA
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA: measured generation speed")
+def test_measured_cost_on_cuda_is_labelled_and_positive():
+    lm = mismatch.load("smollm2-135m")
+    got = measured_cost(lm, "bnb-nf4", ["What is the capital of France?"] * 8)
+    assert got["label"] == "measured" and got["rollout_cost"] > 0 and got["reference_tokens_per_s"] > 0
