@@ -6,7 +6,8 @@ hands each kind's rows to its writer:
     layer_map.png);
   * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md) and
     `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
-    probe runs on pair students beside them).
+    probe runs on pair students beside them) and `report.admission.write_admission_report` (the
+    admission thresholds such a study fits and their leave-one-pair-out validation).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from mismatch.report.admission import write_admission_report
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
 
 
-def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
-                  ) -> list[Path]:
-    """Write every report the rows support into `out_dir`; return the files written, in order."""
+def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+                  sources: list[str] | None = None) -> list[Path]:
+    """Write every report the rows support into `out_dir`; return the files written, in order.
+    `sources` names where the rows came from (in the admission thresholds' provenance)."""
     written: list[Path] = []
     present = set(rows["kind"].unique())
     if "probe" in present:
@@ -31,13 +34,15 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
     if "opd" in present:
         written += write_opd_report(of_kind(rows, "opd"), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
         written += write_sweep_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+        written += write_admission_report(rows, out_dir, sources=sources or ["results"], kl_tol=kl_tol,
+                                          acc_tol=acc_tol)
     return written
 
 
 def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
            ) -> list[Path]:
     """`mismatch report`: read results (directories or files, old ones too) and write the reports."""
-    return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+    return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=[str(p) for p in paths])
 
 
-__all__ = ["report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]
+__all__ = ["report", "write_admission_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

@@ -1,0 +1,78 @@
+"""Admission-check validation from a study's results alone: the fitted limits, the points they rest on,
+and leave-one-pair-out predictions against "always admit" (`mismatch.check.thresholds`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mismatch.check.thresholds import Thresholds, thresholds_from_rows
+from mismatch.errors import InputError
+
+
+def _pm(mean: float, half: float, scale: float = 1.0, fmt: str = "{:+.1f}") -> str:
+    if mean is None or math.isnan(mean):
+        return "—"
+    text = fmt.format(mean * scale)
+    return text if half is None or math.isnan(half) else f"{text} ± {abs(half * scale):.{1 if scale > 1 else 3}f}"
+
+
+def admission_markdown(t: Thresholds) -> str:
+    """The validation as Markdown: limits, points, leave-one-pair-out confusion per statistic."""
+    prov = t.provenance
+    lines = ["# Admission check: thresholds and their validation", "",
+             "Statistic of a rollout configuration: what the first step of each of its OPD runs measured on its own "
+             "rollout tokens, before any update (the perturbed initial student against the initial student; "
+             "mean over seeds). Label: " + prov.get("label", "") + ". A limit sits at the geometric midpoint of the "
+             "split that best separates the labels; *pinned to* is the interval any limit separating them as well "
+             "could take. Staleness and reuse measure 0 before training and are not fitted (the check carries "
+             "their study verdicts over).", "",
+             f"Fitted on {', '.join(prov.get('results', []))}: {prov.get('opd_runs', '?')} OPD runs, "
+             f"{len(t.points)} levels ({sum(not p['tolerated'] for p in t.points)} not tolerated), "
+             f"{prov.get('fitted_with', '')}.", "",
+             "## Limits (admit when the statistic ≤ limit)", "",
+             "| statistic | limit | pinned to |", "|---|---|---|"]
+    for s, limit in t.limits.items():
+        lo, hi = t.brackets.get(s, [math.nan, math.nan])
+        lines.append(f"| {s}{' (default gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] |")
+    lines += ["", "## Levels", "",
+              f"| pair | source | level | seeds | {t.primary} | Δ accuracy (pts) | KL ratio | verdict | label |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted(t.points, key=lambda p: (p["pair"], p.get(t.primary, math.nan))):
+        lines.append(f"| {p['pair']} | {p['source']} | {p['level']} | {p['seeds']} | {p.get(t.primary, math.nan):.3g} | "
+                     f"{_pm(p['acc_delta'], p['acc_delta_hw'], 100)} | {_pm(p['kl_ratio'], p['kl_ratio_hw'], 1, '{:.3f}')} | "
+                     f"{p['verdict']} | {'tolerated' if p['tolerated'] else 'not tolerated'} |")
+    lines += ["", "## Leave one pair out", "",
+              "Each pair's levels predicted by the limit fitted on the other pairs.", "",
+              "| statistic | held-out pair | limit without it | levels | admit ∧ tolerated | admit ∧ not | "
+              "reject ∧ tolerated | reject ∧ not | accuracy | always admit |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in t.validation:
+        lines.append(f"| {v['statistic']} | {v['held_out']} | {v['limit']:.3g} | {v['levels']} | {v['admit_tolerated']} | "
+                     f"{v['admit_not']} | {v['reject_tolerated']} | {v['reject_not']} | {v['accuracy']:.2f} | "
+                     f"{v['always_admit_accuracy']:.2f} |")
+    primary = [v for v in t.validation if v["statistic"] == t.primary]
+    right = sum(v["admit_tolerated"] + v["reject_not"] for v in primary)
+    n = sum(v["levels"] for v in primary)
+    always = sum(round(v["always_admit_accuracy"] * v["levels"]) for v in primary)
+    lines += ["", f"With {t.primary}: {right} of {n} held-out levels predicted right; always admitting gets {always} of "
+              f"{n}. " + ("No better than always admitting." if right <= always else
+                          f"The check differs from always admitting on {n - always} not-tolerated level(s).")]
+    return "\n".join(lines) + "\n"
+
+
+def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: list[str],
+                           kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[Path]:
+    """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
+    judged OPD levels of static sources with first-step statistics; nothing otherwise."""
+    try:
+        t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol)
+    except InputError:
+        return []
+    out_dir = Path(out_dir)
+    written = [out_dir / "admission.md", out_dir / "admission_points.csv", out_dir / "admission_validation.csv"]
+    written[0].write_text(admission_markdown(t), encoding="utf-8")
+    pd.DataFrame(t.points).to_csv(written[1], index=False)
+    pd.DataFrame(t.validation).to_csv(written[2], index=False)
+    return written

@@ -1,0 +1,19 @@
+"""The admission validation report, written from a hand-made study's results alone."""
+
+import pandas as pd
+
+from mismatch.report import write_reports
+from tests.check.test_thresholds import study  # noqa: F401  (the fixture)
+
+
+def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(study, tmp_path):  # noqa: F811
+    written = write_reports(study, tmp_path, sources=["hand-made"])
+    assert tmp_path / "admission.md" in written
+    text = (tmp_path / "admission.md").read_text()
+    assert "Fitted on hand-made" in text and "| mismatch_kl (default gate) | 0.364 | [0.158, 0.84] |" in text
+    validation = pd.read_csv(tmp_path / "admission_validation.csv")
+    primary = validation[validation["statistic"] == "mismatch_kl"]
+    right = int((primary["admit_tolerated"] + primary["reject_not"]).sum())
+    assert f"With mismatch_kl: {right} of {int(primary['levels'].sum())} held-out levels predicted right" in text
+    points = pd.read_csv(tmp_path / "admission_points.csv")
+    assert len(points) == 8 and points["tolerated"].sum() == 5  # three levels lose ≥ 2 points
