@@ -12,7 +12,8 @@ Search (on the check's own calibration batch and reference pass):
    isolated KL left) falls to `TARGET_SHARE` of the limit;
 4. the recipe is verified by running the whole check again with the format on the remaining modules
    (fresh samples from that rollout copy): the verification decides. While it does not admit, the
-   next unit is kept and the check runs again.
+   prediction is rescaled to the verified value, units are kept until it reaches the target again
+   (at least one more), and the check runs again.
 """
 
 from __future__ import annotations
@@ -131,12 +132,17 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     full = probe_candidates(lm, batch, [spec], [exact_scope(names)], per_layer=False, seed=seed)[0]
     full_kl = full.result.summary["kl_rev_mean"]
     kept: list[str] = []
-    left = unit_total
-    i = 0
-    while i < len(units) and full_kl * left / unit_total > TARGET_SHARE * limit:
-        left -= max(units[i][0], 0.0)
-        kept += units[i][1]
-        i += 1
+    left, i = unit_total, 0
+    scale = full_kl / unit_total  # predicted KL of the rollout copy per unit of summed isolated KL left
+
+    def keep_until(target: float) -> None:
+        nonlocal left, i, kept
+        while i < len(units) and scale * left > target:
+            left -= max(units[i][0], 0.0)
+            kept += units[i][1]
+            i += 1
+
+    keep_until(TARGET_SHARE * limit)
     status, value, tries = "uncertain", math.nan, 0
     while True:
         rest = [n for n in names if n not in kept]
@@ -147,8 +153,14 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
         tries += 1
         if status == "admit" or i >= len(units) or tries >= MAX_VERIFICATIONS:
             break
+        # the verification measured `value` for what is left: rescale the prediction to it, and keep
+        # at least one more unit
+        if left > 0 and value > 0:
+            scale = value / left
+        left -= max(units[i][0], 0.0)
         kept += units[i][1]
         i += 1
+        keep_until(TARGET_SHARE * limit)
     kept = [n for n in names if n in kept]  # model order
     rest = [n for n in names if n not in kept]
     total_params, kept_params = _params(model, names), _params(model, kept)
