@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_perturb.py
 	$(BIN)/python benchmarks/bench_opd.py
 	$(BIN)/python benchmarks/bench_sweep.py
+	$(BIN)/python benchmarks/bench_check.py
 
 clean:
 	rm -rf $(VENV) $(RESULTS)

@@ -15,16 +15,14 @@ exits with status 2; results already written are never touched by a failing run.
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from transformers.utils import logging as hf_logging
 
-from mismatch import check as check_lib, console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
+from mismatch import cli_check, console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
+from mismatch.cli_common import AccTol, KlTol, Out, Overwrite, err, out
 from mismatch.errors import MismatchError
 from mismatch.models import list_models
 from mismatch.probe_runs import ProbeConfig, run_probes
@@ -36,12 +34,6 @@ app = typer.Typer(help="Measure training–inference mismatch of LMs for on-poli
 pairs_app = typer.Typer(help="Student–teacher pairs: list them (no subcommand) or build the synthetic ones.",
                         invoke_without_command=True, add_completion=False)
 app.add_typer(pairs_app, name="pairs")
-err = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
-Out = Annotated[Path | None, typer.Option("--out", help="Results: a dataset directory or a .parquet/.csv file.")]
-Overwrite = Annotated[bool, typer.Option(help="Start --out afresh instead of appending to it.")]
-KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
-AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
 
 
 def command(group: typer.Typer, name: str | None = None):
@@ -203,47 +195,5 @@ def report(
     console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol))
 
 
-CHECK_EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
-
-
-@command(app, "check")
-def check_cmd(
-    model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
-    rollout: Annotated[str, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")],
-    prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
-    layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
-    staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (carried over from the study).")] = 0,
-    reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (carried over from the study).")] = 1,
-    preset: Annotated[list[str] | None, typer.Option(help="Also apply practitioners' gates: verl, slime, nemo-rl.")] = None,
-    thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`).")] = None,
-    n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
-    seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
-    recipe: Annotated[bool, typer.Option(help="Search a mixed-precision recipe even if admitted (a reject always does).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
-) -> None:
-    """Is a cheaper rollout configuration safe for OPD on MODEL? Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
-    with err.status(f"checking {rollout} on {model}…"):
-        admission = check_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
-                                    staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
-                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe)
-    if json_out:
-        typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
-    else:
-        out.print(console.admission_table(admission))
-        if admission.recipe is not None:
-            out.print(console.recipe_text(admission.recipe), highlight=False, soft_wrap=True)
-    raise typer.Exit(CHECK_EXIT[admission.status])
-
-
-@command(app)
-def thresholds(
-    results: Annotated[list[Path], typer.Argument(help="Results dataset(s) of a study with clean twins.")],
-    out_path: Annotated[Path, typer.Option("--out", help="Where to write the thresholds JSON.")],
-    kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02,
-) -> None:
-    """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
-    fitted = check_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
-    out.print(console.thresholds_table(fitted))
-    console.wrote(err, fitted.to_json(out_path))
+command(app, "check")(cli_check.check)
+command(app, "thresholds")(cli_check.thresholds)

@@ -30,7 +30,8 @@ def test_no_function_is_longer_than_the_limit():
 
 
 def test_the_cli_is_thin():
-    assert len((PACKAGE / "cli.py").read_text().splitlines()) <= MAX_CLI_LINES
+    for path in PACKAGE.glob("cli*.py"):  # the app and the command modules it registers
+        assert len(path.read_text().splitlines()) <= MAX_CLI_LINES, path.name
 
 
 def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:

@@ -233,43 +233,54 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
-
     gates = _gates(thresholds) + list(preset_gates(tuple(presets)))
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
-    statuses, notes = [d.status for d in decisions], []
     table = thresholds if isinstance(thresholds, Thresholds) else (
         load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
-    for source, level, off in (("stale", staleness, 0), ("reuse", reuse, 1)):
-        if level != off:
-            status, note = _lagged_decision(table, source, level)
-            statuses.append(status)
-            notes.append(note)
-    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), "sequences": int(batch.response_mask.any(1).sum()),
-                   "tokens": batch.response_tokens, "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat,
-                   "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
-    admission = Admission(model=name, rollout=str(spec), layers=layers, status=combine_status(statuses),
-                          metrics=metrics, decisions=decisions, notes=notes, calibration=calibration)
-    kept: list[str] = []
-    if recipe or admission.status == "reject" and any(d.status != "admit" for d in decisions):
-        def verify(scope: str) -> tuple[str, float]:
-            _, checked, _ = measure(lm, str(spec), scope, cal.texts, gates, **sample)
-            return combine_status([d.status for d in checked]), checked[0].value
-
-        found = search_recipe(lm, str(spec), batch, layers, gates[0].limit, verify, seed=seed)
-        admission.recipe = found.to_dict()
-        kept = found.kept
-        admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
-                               f"linear weights) in high precision → {found.verified_status} "
-                               f"({gates[0].metric} {found.verified_value:.4g}), {found.bits_per_weight:.2f} bits/weight")
-    if getattr(spec, "weight_bits", None) is not None:  # a format (noise has no cost of its own)
-        admission.cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=staleness,
-                                      reuse=reuse).to_dict()
-        measured = measured_cost(lm, str(spec), cal.texts, layers=layers, seed=seed)  # CUDA and real kernels only
-        if measured is not None:
-            admission.cost["measured"] = measured
+    lagged = [_lagged_decision(table, source, level) for source, level, off in
+              (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
+    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts),
+                   "sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens,
+                   "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat, "seed": seed,
+                   "sampled_by": f"{name} under {spec} [{layers}]"}
+    admission = Admission(model=name, rollout=str(spec), layers=layers,
+                          status=combine_status([d.status for d in decisions] + [st for st, _ in lagged]),
+                          metrics=metrics, decisions=decisions, notes=[n for _, n in lagged], calibration=calibration)
+    searched = recipe or any(d.status == "reject" for d in decisions)  # a gate failed, or asked for
+    kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
+    admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
     return admission
+
+
+def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, staleness: int, reuse: int,
+          seed: int) -> dict | None:
+    """The analytic cost of a format (None for noise: no format), with measured speeds where CUDA
+    and the format's own kernels are present."""
+    if getattr(spec, "weight_bits", None) is None:
+        return None
+    cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=staleness, reuse=reuse).to_dict()
+    measured = measured_cost(lm, str(spec), texts, layers=layers, seed=seed)
+    if measured is not None:
+        cost["measured"] = measured
+    return cost
+
+
+def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts: list[str], sample: dict
+            ) -> list[str]:
+    """Search a recipe for `admission` (stored in it, with a note); return the modules it keeps."""
+    def verify(scope: str) -> tuple[str, float]:
+        _, checked, _ = measure(lm, admission.rollout, scope, texts, gates, **sample)
+        return combine_status([d.status for d in checked]), checked[0].value
+
+    found = search_recipe(lm, admission.rollout, batch, admission.layers, gates[0].limit, verify,
+                          seed=sample["seed"])
+    admission.recipe = found.to_dict()
+    admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
+                           f"linear weights) in high precision → {found.verified_status} "
+                           f"({gates[0].metric} {found.verified_value:.4g}), {found.bits_per_weight:.2f} bits/weight")
+    return found.kept
 
 
 def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate], *, chat: bool,

@@ -72,6 +72,24 @@ def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) 
     return sums / counts
 
 
+def _checked(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs as float64 / int64 after the checks `rollout_stats` documents."""
+    if not (logp_train_N.shape == logp_rollout_N.shape == seq_N.shape) or logp_train_N.dim() != 1:
+        raise InputError(f"need three [N] tensors, got {tuple(logp_train_N.shape)}, "
+                         f"{tuple(logp_rollout_N.shape)}, {tuple(seq_N.shape)}")
+    if logp_train_N.numel() == 0:
+        raise InputError("no sampled token to score")
+    lt, lr_ = logp_train_N.double(), logp_rollout_N.double()
+    for name, lp in (("training", lt), ("rollout", lr_)):
+        if not bool(torch.isfinite(lp).all()) or bool((lp > 0).any()):
+            raise InputError(f"{name} log-probabilities must be finite and ≤ 0")
+    seq = seq_N.long()
+    if int(seq.min()) < 0 or bool((torch.bincount(seq, minlength=int(seq.max()) + 1) == 0).any()):
+        raise InputError("sequence indices must cover 0..S-1, each with at least one token")
+    return lt, lr_, seq
+
+
 def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
                   ) -> dict[str, float]:
     """The verl / slime / NeMo RL statistics (module docstring) of `N` sampled tokens.
@@ -88,19 +106,8 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
         InputError: shapes differ, no token, a sequence without tokens, or a NaN/Inf/positive
             log-probability.
     """
-    if not (logp_train_N.shape == logp_rollout_N.shape == seq_N.shape) or logp_train_N.dim() != 1:
-        raise InputError(f"need three [N] tensors, got {tuple(logp_train_N.shape)}, "
-                         f"{tuple(logp_rollout_N.shape)}, {tuple(seq_N.shape)}")
-    if logp_train_N.numel() == 0:
-        raise InputError("no sampled token to score")
-    lt, lr_ = logp_train_N.double(), logp_rollout_N.double()
-    for name, lp in (("training", lt), ("rollout", lr_)):
-        if not bool(torch.isfinite(lp).all()) or bool((lp > 0).any()):
-            raise InputError(f"{name} log-probabilities must be finite and ≤ 0")
-    seq = seq_N.long()
+    lt, lr_, seq = _checked(logp_train_N, logp_rollout_N, seq_N)
     n_seq = int(seq.max()) + 1
-    if int(seq.min()) < 0 or bool((torch.bincount(seq, minlength=n_seq) == 0).any()):
-        raise InputError("sequence indices must cover 0..S-1, each with at least one token")
     log_r = lt - lr_
     r = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
     mean_lt, mean_lr = _per_sequence_mean(lt, seq, n_seq), _per_sequence_mean(lr_, seq, n_seq)

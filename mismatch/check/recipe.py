@@ -85,6 +85,65 @@ def exports(model, kept: list[str]) -> tuple[list[str], list[str]]:
     return list(kept), [head, *[n for n in kept if n != head]]
 
 
+def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed: int
+           ) -> tuple[list[tuple[float, list[str]]], dict[str, float]]:
+    """Steps 1–2: `(units, isolation)`: every unit (a module group of the worst blocks, or a whole
+    other block) with its isolated KL, and the isolation numbers by block / group."""
+    block_ids = sorted(by_block)
+    iso = [r.result.summary["kl_rev_mean"] for r in probe_candidates(
+        lm, batch, [spec], [exact_scope(by_block[b]) for b in block_ids], per_layer=False, seed=seed)]
+    isolation = {f"block {b}": e for b, e in zip(block_ids, iso)}
+    total, refined, acc = sum(max(e, 0.0) for e in iso), [], 0.0
+    for i in sorted(range(len(block_ids)), key=lambda i: -iso[i])[:MAX_REFINED]:
+        if acc >= 0.5 * total and refined:
+            break
+        refined.append(block_ids[i])
+        acc += max(iso[i], 0.0)
+    units: list[tuple[float, list[str]]] = []
+    for b, e in zip(block_ids, iso):
+        if b not in refined:
+            units.append((e, by_block[b]))
+            continue
+        groups = module_groups(by_block[b])
+        res = probe_candidates(lm, batch, [spec], [exact_scope(g) for g in groups], per_layer=False, seed=seed)
+        for g, r in zip(groups, res):
+            units.append((r.result.summary["kl_rev_mean"], g))
+            isolation[" + ".join(g)] = r.result.summary["kl_rev_mean"]
+    return units, isolation
+
+
+def _keep_and_verify(names: list[str], units: list[tuple[float, list[str]]], full_kl: float, limit: float,
+                     verify) -> tuple[list[str], str, float, int]:
+    """Steps 3–4: `(kept, status, value, verifications)` (units sorted by priority)."""
+    unit_total = sum(max(e, 0.0) for e, _ in units) or 1.0
+    kept: list[str] = []
+    state = {"left": unit_total, "i": 0, "scale": full_kl / unit_total}  # predicted KL per unit of isolated KL left
+
+    def keep_next() -> None:
+        state["left"] -= max(units[state["i"]][0], 0.0)
+        kept.extend(units[state["i"]][1])
+        state["i"] += 1
+
+    def keep_until(target: float) -> None:
+        while state["i"] < len(units) and state["scale"] * state["left"] > target:
+            keep_next()
+
+    keep_until(TARGET_SHARE * limit)
+    status, value, tries = "uncertain", math.nan, 0
+    while True:
+        rest = [n for n in names if n not in kept]
+        if not rest:
+            return kept, "admit", 0.0, tries  # everything kept: the reference itself
+        status, value = verify(exact_scope(rest))
+        tries += 1
+        if status == "admit" or state["i"] >= len(units) or tries >= MAX_VERIFICATIONS:
+            return kept, status, value, tries
+        if state["left"] > 0 and value > 0:  # rescale the prediction to what was verified
+            state["scale"] = value / state["left"]
+        keep_next()
+        keep_until(TARGET_SHARE * limit)
+
+
 def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, verify, *, seed: int = 0
                   ) -> Recipe:
     """Search the modules to keep in high precision (module docstring).
@@ -98,77 +157,22 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     Returns:
         The verified `Recipe` (`verified_status` is the check's status of the last verification).
     """
-    model = lm.model
-    spec = str(parse_spec(spec))
+    model, spec = lm.model, str(parse_spec(spec))
     names = select(model, scope)
-    blocks = _block_linears(model)
+    blocks, n_blocks = _block_linears(model), len(model_layout(model).layers)
     by_block: dict[int, list[str]] = {}
     for n in names:
-        by_block.setdefault(blocks[n][0] if n in blocks else len(model_layout(model).layers), []).append(n)
-    block_ids = sorted(by_block)
-    scopes = [exact_scope(by_block[b]) for b in block_ids]
-    iso = [r.result.summary["kl_rev_mean"] for r in probe_candidates(lm, batch, [spec], scopes, per_layer=False,
-                                                                        seed=seed)]
-    isolation = {f"block {b}": e for b, e in zip(block_ids, iso)}
-    order = sorted(range(len(block_ids)), key=lambda i: -iso[i])
-    total, refined, acc = sum(max(e, 0.0) for e in iso), [], 0.0
-    for i in order[:MAX_REFINED]:
-        if acc >= 0.5 * total and refined:
-            break
-        refined.append(block_ids[i])
-        acc += max(iso[i], 0.0)
-    units: list[tuple[float, list[str]]] = []  # (isolated KL, modules)
-    for b, e in zip(block_ids, iso):
-        if b in refined:
-            groups = module_groups(by_block[b])
-            res = probe_candidates(lm, batch, [spec], [exact_scope(g) for g in groups], per_layer=False, seed=seed)
-            for g, r in zip(groups, res):
-                units.append((r.result.summary["kl_rev_mean"], g))
-                isolation[" + ".join(g)] = r.result.summary["kl_rev_mean"]
-        else:
-            units.append((e, by_block[b]))
-    unit_total = sum(max(e, 0.0) for e, _ in units) or 1.0
+        by_block.setdefault(blocks[n][0] if n in blocks else n_blocks, []).append(n)
+    units, isolation = _units(lm, spec, batch, by_block, seed)
     units.sort(key=lambda u: -max(u[0], 0.0) / _params(model, u[1]))
     full = probe_candidates(lm, batch, [spec], [exact_scope(names)], per_layer=False, seed=seed)[0]
-    full_kl = full.result.summary["kl_rev_mean"]
-    kept: list[str] = []
-    left, i = unit_total, 0
-    scale = full_kl / unit_total  # predicted KL of the rollout copy per unit of summed isolated KL left
-
-    def keep_until(target: float) -> None:
-        nonlocal left, i, kept
-        while i < len(units) and scale * left > target:
-            left -= max(units[i][0], 0.0)
-            kept += units[i][1]
-            i += 1
-
-    keep_until(TARGET_SHARE * limit)
-    status, value, tries = "uncertain", math.nan, 0
-    while True:
-        rest = [n for n in names if n not in kept]
-        if not rest:
-            status, value = "admit", 0.0  # everything kept: the reference itself
-            break
-        status, value = verify(exact_scope(rest))
-        tries += 1
-        if status == "admit" or i >= len(units) or tries >= MAX_VERIFICATIONS:
-            break
-        # the verification measured `value` for what is left: rescale the prediction to it, and keep
-        # at least one more unit
-        if left > 0 and value > 0:
-            scale = value / left
-        left -= max(units[i][0], 0.0)
-        kept += units[i][1]
-        i += 1
-        keep_until(TARGET_SHARE * limit)
-    kept = [n for n in names if n in kept]  # model order
-    rest = [n for n in names if n not in kept]
-    total_params, kept_params = _params(model, names), _params(model, kept)
+    kept, status, value, tries = _keep_and_verify(names, units, full.result.summary["kl_rev_mean"], limit, verify)
+    kept = [n for n in names if n in set(kept)]  # model order
+    rest = [n for n in names if n not in set(kept)]
+    frac = _params(model, kept) / _params(model, names)
     bits = getattr(parse_spec(spec), "weight_bits", math.nan)
-    frac = kept_params / total_params
     vllm, llmc = exports(model, kept)
     return Recipe(spec=spec, kept=kept, layers=exact_scope(rest) if rest else "none", vllm_ignored_layers=vllm,
                   llmcompressor_ignore=llmc, kept_fraction=frac,
                   bits_per_weight=frac * HIGH_PRECISION_BITS + (1 - frac) * bits, verified_status=status,
                   verified_value=value, isolation=isolation, verifications=tries)
-

@@ -1,0 +1,55 @@
+"""`mismatch check` and `mismatch thresholds`: options → one library call → print (registered in `cli.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch import check as check_lib, console
+from mismatch.cli_common import AccTol, KlTol, err, out
+
+EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
+
+
+def check(
+    model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
+    rollout: Annotated[str, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")],
+    prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
+    layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
+    staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (carried over from the study).")] = 0,
+    reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (carried over from the study).")] = 1,
+    preset: Annotated[list[str] | None, typer.Option(help="Also apply practitioners' gates: verl, slime, nemo-rl.")] = None,
+    thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`).")] = None,
+    n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
+    recipe: Annotated[bool, typer.Option(help="Search a mixed-precision recipe even if admitted (a reject always does).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
+) -> None:
+    """Is a cheaper rollout configuration safe for OPD on MODEL? Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
+    with err.status(f"checking {rollout} on {model}…"):
+        admission = check_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
+                                    staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
+                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe)
+    if json_out:
+        typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
+    else:
+        out.print(console.admission_table(admission))
+        if admission.recipe is not None:
+            out.print(console.recipe_text(admission.recipe), highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT[admission.status])
+
+
+def thresholds(
+    results: Annotated[list[Path], typer.Argument(help="Results dataset(s) of a study with clean twins.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Where to write the thresholds JSON.")],
+    kl_tol: KlTol = 0.10,
+    acc_tol: AccTol = 0.02,
+) -> None:
+    """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
+    fitted = check_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
+    out.print(console.thresholds_table(fitted))
+    console.wrote(err, fitted.to_json(out_path))
