@@ -21,14 +21,14 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mismatch  # noqa: E402
-from mismatch.check import admission  # noqa: E402
+from mismatch.admission import checker  # noqa: E402
 from mismatch.opd import OPDConfig, train  # noqa: E402
 
 
-def timed_check(lm: mismatch.LM) -> tuple[float, dict[str, float], mismatch.check.Admission]:
+def timed_check(lm: mismatch.LM) -> tuple[float, dict[str, float], mismatch.Admission]:
     """Wall time of one default check, and of its parts (wrapping the functions it calls)."""
     parts: dict[str, float] = {"sampling": 0.0, "reference pass": 0.0, "candidate pass": 0.0, "bootstrap": 0.0}
-    originals = {name: getattr(admission, name) for name in ("generate", "reference", "probe", "_bootstrap")}
+    originals = {name: getattr(checker, name) for name in ("generate", "reference", "probe", "_bootstrap")}
     labels = {"generate": "sampling", "reference": "reference pass", "probe": "candidate pass",
               "_bootstrap": "bootstrap"}
 
@@ -42,14 +42,14 @@ def timed_check(lm: mismatch.LM) -> tuple[float, dict[str, float], mismatch.chec
         return timed
 
     for name in originals:
-        setattr(admission, name, wrap(name))
+        setattr(checker, name, wrap(name))
     try:
         t0 = time.perf_counter()
-        result = admission.check(lm, "fp8-e4m3:block128")
+        result = checker.check(lm, "fp8-e4m3:block128")
         total = time.perf_counter() - t0
     finally:
         for name, fn in originals.items():
-            setattr(admission, name, fn)
+            setattr(checker, name, fn)
     return total, parts, result
 
 

@@ -8,6 +8,7 @@ Public API (names are the contract, see DESIGN.md):
     generate, Batch                          rollout.py
     perturbed, perturb_, restore_, parse_spec perturb/
     load_pair, list_pairs, Pair              pairs/
+    check, Admission, fit_thresholds         admission/ (the admission check, thresholds, recipes, cost)
 """
 
 import os
@@ -32,6 +33,7 @@ from mismatch import rollout  # noqa: E402
 from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 from mismatch.probe_runs import ProbeConfig, probe_candidates, run_probes  # noqa: E402
 from mismatch.results import read_results  # noqa: E402
+from mismatch.admission import Admission, check, fit_thresholds  # noqa: E402
 
 __all__ = [
     "LM", "load", "list_models",
@@ -40,6 +42,7 @@ __all__ = [
     "rollout", "Batch", "generate", "teacher_forced",
     "perturbed", "perturb_", "restore_", "parse_spec",
     "Pair", "load_pair", "list_pairs",
+    "check", "Admission", "fit_thresholds",
     "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
     "__version__",
 ]

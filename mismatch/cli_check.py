@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch import check as check_lib, console
+from mismatch import admission as admission_lib, console
 from mismatch.cli_common import AccTol, KlTol, err, out
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
@@ -31,7 +31,7 @@ def check(
 ) -> None:
     """Is a cheaper rollout configuration safe for OPD on MODEL? Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
     with err.status(f"checking {rollout} on {model}…"):
-        admission = check_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
+        admission = admission_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
                                     staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
                                     n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe)
     if json_out:
@@ -50,6 +50,6 @@ def thresholds(
     acc_tol: AccTol = 0.02,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
-    fitted = check_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
+    fitted = admission_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
     out.print(console.thresholds_table(fitted))
     console.wrote(err, fitted.to_json(out_path))

@@ -1,5 +1,5 @@
 """Admission-check validation from a study's results alone: the fitted limits, the points they rest on,
-and leave-one-pair-out predictions against "always admit" (`mismatch.check.thresholds`)."""
+and leave-one-pair-out predictions against "always admit" (`mismatch.admission.thresholds`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 from mismatch.errors import InputError
 
 if TYPE_CHECKING:
-    from mismatch.check.thresholds import Thresholds
+    from mismatch.admission.thresholds import Thresholds
 
 
 def _pm(mean: float, half: float, scale: float = 1.0, fmt: str = "{:+.1f}") -> str:
@@ -69,7 +69,7 @@ def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: 
                            kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[Path]:
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
     judged OPD levels of static sources with first-step statistics; nothing otherwise."""
-    from mismatch.check.thresholds import thresholds_from_rows  # check builds on report.tolerance: import late
+    from mismatch.admission.thresholds import thresholds_from_rows  # check builds on report.tolerance: import late
 
     try:
         t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol)

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from mismatch.report import write_reports
-from tests.check.test_thresholds import study  # noqa: F401  (the fixture)
+from tests.admission.test_thresholds import study  # noqa: F401  (the fixture)
 
 
 def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(study, tmp_path):  # noqa: F811

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import mismatch
-from mismatch.check import check
-from mismatch.check.recipe import exact_scope, module_groups
+from mismatch.admission import check
+from mismatch.admission.recipe import exact_scope, module_groups
 from mismatch.perturb import select
 
 PROMPTS = ["the cat sat on", "a b c d e f", "hello there you", "sort 3 1 2 9", "x y z", "one two three"]

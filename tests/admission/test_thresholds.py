@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mismatch.check.thresholds import Thresholds, bracket, fit_limit, thresholds_from_rows, validate
+from mismatch.admission.thresholds import Thresholds, bracket, fit_limit, thresholds_from_rows, validate
 from mismatch.opd.config import OPDConfig
 from mismatch.results import tidy
 

@@ -5,10 +5,10 @@ would (the model under `SPEC`, temperature 1), scores them teacher-forced by the
 reference pass) and by the rollout copy (one candidate pass, `mismatch.probe`), and compares the
 mismatch statistics of those sampled tokens with limits:
 
-* the fitted limits (`mismatch.check.thresholds`, shipped in `mismatch/data/admission_thresholds.json`,
+* the fitted limits (`mismatch.admission.thresholds`, shipped in `mismatch/data/admission_thresholds.json`,
   fitted on the study of `sweeps/paper.toml`): the statistic the study's OPD runs measured on their
   first rollouts, where tolerated and not-tolerated configurations separated;
-* optionally the gates practitioners use (`mismatch.check.gates.PRESETS`: verl, slime, NeMo RL).
+* optionally the gates practitioners use (`mismatch.admission.gates.PRESETS`: verl, slime, NeMo RL).
 
 Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
 passes when the whole interval lies at or below its limit, fails when the whole interval lies above,
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mismatch.check.gates import Gate, preset_gates, rollout_stats
-from mismatch.check.cost import measured_cost, rollout_cost
-from mismatch.check.recipe import search_recipe
-from mismatch.check.thresholds import Thresholds, load_thresholds
+from mismatch.admission.gates import Gate, preset_gates, rollout_stats
+from mismatch.admission.cost import measured_cost, rollout_cost
+from mismatch.admission.recipe import search_recipe
+from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
 from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM, context_length
@@ -215,8 +215,8 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
         n_prompts, max_new_tokens: calibration size (default 16 prompts × ≤ 128 sampled tokens; a
             pair's own response length for its task prompts; capped to the model's context).
         chat: wrap prompts in the chat template (default: when the tokenizer has one).
-        recipe: search a mixed-precision recipe (`mismatch.check.recipe`) even when not rejected; a
-            rejection always searches one.
+        recipe: search a mixed-precision recipe (`mismatch.admission.recipe`) even when not rejected; a
+            rejection by the first (fitted) gate always searches one, against that gate.
 
     Returns:
         An `Admission`.
@@ -248,7 +248,7 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions] + [st for st, _ in lagged]),
                           metrics=metrics, decisions=decisions, notes=[n for _, n in lagged], calibration=calibration)
-    searched = recipe or any(d.status == "reject" for d in decisions)  # a gate failed, or asked for
+    searched = recipe or decisions[0].status == "reject"  # the fitted (first) gate failed, or asked for
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
     return admission
@@ -269,10 +269,11 @@ def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, stale
 
 def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts: list[str], sample: dict
             ) -> list[str]:
-    """Search a recipe for `admission` (stored in it, with a note); return the modules it keeps."""
+    """Search a recipe for `admission` against its first gate (the fitted one: a preset's gate may
+    be out of any recipe's reach); store it, with a note; return the modules it keeps."""
     def verify(scope: str) -> tuple[str, float]:
-        _, checked, _ = measure(lm, admission.rollout, scope, texts, gates, **sample)
-        return combine_status([d.status for d in checked]), checked[0].value
+        _, checked, _ = measure(lm, admission.rollout, scope, texts, gates[:1], **sample)
+        return checked[0].status, checked[0].value
 
     found = search_recipe(lm, admission.rollout, batch, admission.layers, gates[0].limit, verify,
                           seed=sample["seed"])

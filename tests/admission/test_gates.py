@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from mismatch.check.gates import PRESETS, preset_gates, rollout_stats
+from mismatch.admission.gates import PRESETS, preset_gates, rollout_stats
 from mismatch.errors import InputError
 
 

@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 import mismatch
-from mismatch.check import Thresholds, check
-from mismatch.check.admission import combine_status, decide
+from mismatch.admission import Thresholds, check
+from mismatch.admission.checker import combine_status, decide
 from mismatch.cli import app
 from mismatch.errors import InputError
 from mismatch.models import LM
