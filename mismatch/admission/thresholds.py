@@ -208,7 +208,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: floa
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": kl_tol, "acc_tol": acc_tol,
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "label": f"tolerated = mean Δ accuracy ≥ −{acc_tol:g} and mean KL ratio ≤ {1 + kl_tol:g}"}
+                  "label": f"tolerated = mean Δ accuracy ≥ −{100 * acc_tol:g} points and mean KL ratio ≤ {1 + kl_tol:g}"}
     records = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in points.to_dict("records")]
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=records, validation=validation,
                       lagged=lagged_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), provenance=provenance)
