@@ -256,10 +256,8 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
 
 def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, staleness: int, reuse: int,
           seed: int) -> dict | None:
-    """The analytic cost of a format (None for noise: no format), with measured speeds where CUDA
-    and the format's own kernels are present."""
-    if getattr(spec, "weight_bits", None) is None:
-        return None
+    """The analytic cost of the rollout configuration, with measured speeds where CUDA and the
+    format's own kernels are present."""
     cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=staleness, reuse=reuse).to_dict()
     measured = measured_cost(lm, str(spec), texts, layers=layers, seed=seed)
     if measured is not None:

@@ -29,7 +29,7 @@ from torch import nn
 
 from mismatch.errors import InputError
 from mismatch.perturb import parse_spec, select
-from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig
+from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig, ReuseConfig, StaleConfig
 from mismatch.perturb.scope import _head_name
 
 ROLLOUT_SHARE = 0.51  # SmolLM2-135M OPD step here: rollout 10.9 s of 21.3 s (benchmarks/bench_opd.py)
@@ -66,28 +66,31 @@ def matmul_bits(config, reference_bits: float) -> float:
     return reference_bits
 
 
-def rollout_cost(model: nn.Module, spec: str, layers: str = "linear", *, kept: list[str] | tuple[str, ...] = (),
+def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, kept: list[str] | tuple[str, ...] = (),
                  staleness: int = 0, reuse: int = 1, rollout_share: float = ROLLOUT_SHARE) -> Cost:
     """Analytic cost of rollouts from `model` under `spec` on `layers` minus the `kept` modules.
 
     Args:
         model: the policy (its parameters' dtype is the reference precision).
-        spec, layers: the rollout format and its scope; `kept`: modules a recipe keeps in high precision.
+        spec, layers: the rollout format and its scope (None, `none` or `noise:…`: a full-precision
+            copy, weight bytes ×1); `kept`: modules a recipe keeps in high precision.
         staleness, reuse: the pipeline's lag K and reuse R.
         rollout_share: share of a synchronous OPD step spent generating (0 < share < 1).
 
     Returns:
         A `Cost` (factors relative to synchronous rollouts in the model's precision).
     """
-    config = parse_spec(spec)
-    bits = getattr(config, "weight_bits", None)
-    if bits is None:
-        raise InputError(f"{spec} stores no weights of its own (noise, staleness, reuse): no format to cost")
+    config = parse_spec(spec) if spec not in (None, "none", "") else None
+    if isinstance(config, (StaleConfig, ReuseConfig)):
+        raise InputError(f"{spec}: give staleness and reuse as staleness=K / reuse=R")
+    bits = getattr(config, "weight_bits", None)  # None: full-precision weights (clean, noise)
     if not 0 < rollout_share < 1:
         raise InputError(f"rollout_share must lie in (0, 1), got {rollout_share}")
     if staleness < 0 or reuse < 1:
         raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
     ref_bits = float(next(model.parameters()).element_size() * 8)
+    if bits is None:
+        return _assemble(str(config) if config else "none", ref_bits, 1.0, 1.0, staleness, reuse, rollout_share)
     modules = dict(model.named_modules())
     quantized = [n for n in select(model, layers) if n not in set(kept)]
     linear_names = set(select(model, "all"))
@@ -110,12 +113,16 @@ def rollout_cost(model: nn.Module, spec: str, layers: str = "linear", *, kept: l
     all_flops = sum(flops_params.values())
     matmul = (sum(v for n, v in flops_params.items() if n not in quantized)
               + sum(flops_params[n] for n in quantized) * mm_bits / ref_bits) / all_flops
-    weight_bytes = cand_bytes / ref_bytes
+    return _assemble(str(config), ref_bits, cand_bytes / ref_bytes, matmul, staleness, reuse, rollout_share)
+
+
+def _assemble(spec: str, ref_bits: float, weight_bytes: float, matmul: float, staleness: int, reuse: int,
+              rollout_share: float) -> Cost:
     generated = 1.0 / reuse
     cost = weight_bytes * generated
     rollout, rest = rollout_share * cost, 1.0 - rollout_share
     wall = max(rollout, rest) if staleness >= 1 else rollout + rest
-    return Cost(spec=str(config), reference_bits=ref_bits, weight_bytes=weight_bytes, matmul_cost=matmul,
+    return Cost(spec=spec, reference_bits=ref_bits, weight_bytes=weight_bytes, matmul_cost=matmul,
                 rollouts_generated=generated, staleness=staleness, rollout_share=rollout_share,
                 rollout_cost=cost, step_wall=wall)
 

@@ -9,7 +9,7 @@ check computes too). Staleness and reuse measure 0 there by construction (no upd
 behind), so they are not fitted: their verdicts are carried over as the study measured them
 (`Thresholds.lagged`).
 
-Labels come from the study's tolerance analysis (`mismatch.report.tolerance`): a level is *tolerated*
+Labels come from the study's tolerance analysis (`mismatch.tolerance`): a level is *tolerated*
 (for fitting) when its mean over seeds of Δ final held-out accuracy ≥ −acc_tol and KL ratio ≤
 1 + kl_tol; the interval verdict (tolerated / uncertain / not tolerated) is kept beside it. Each
 statistic gets a one-sided limit (admit when the statistic ≤ limit) at the geometric midpoint of the
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.errors import InputError
-from mismatch.report.tolerance import level_table, run_table
+from mismatch.tolerance import level_table, run_table
 from mismatch.results import read_results
 from mismatch.version import __version__
 

@@ -7,7 +7,8 @@ hands each kind's rows to its writer:
   * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md) and
     `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
     probe runs on pair students beside them) and `report.admission.write_admission_report` (the
-    admission thresholds such a study fits and their leave-one-pair-out validation).
+    admission thresholds such a study fits and their leave-one-pair-out validation) and
+    `report.frontier.write_frontier_report` (each configuration's analytic cost beside its verdict).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.report.admission import write_admission_report
+from mismatch.report.frontier import write_frontier_report
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
@@ -36,6 +38,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
         written += write_sweep_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
         written += write_admission_report(rows, out_dir, sources=sources or ["results"], kl_tol=kl_tol,
                                           acc_tol=acc_tol)
+        written += write_frontier_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
     return written
 
 
@@ -45,4 +48,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10
     return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=[str(p) for p in paths])
 
 
-__all__ = ["report", "write_admission_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]
+__all__ = ["report", "write_admission_report", "write_frontier_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from mismatch.admission.thresholds import Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
-
-if TYPE_CHECKING:
-    from mismatch.admission.thresholds import Thresholds
 
 
 def _pm(mean: float, half: float, scale: float = 1.0, fmt: str = "{:+.1f}") -> str:
@@ -69,8 +66,6 @@ def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: 
                            kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[Path]:
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
     judged OPD levels of static sources with first-step statistics; nothing otherwise."""
-    from mismatch.admission.thresholds import thresholds_from_rows  # check builds on report.tolerance: import late
-
     try:
         t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol)
     except InputError:

@@ -36,8 +36,10 @@ def test_reuse_divides_and_staleness_overlaps():
     assert reused.rollout_cost == pytest.approx(base.weight_bytes / 4)
     stale = rollout_cost(model, "int8:channel", staleness=1, rollout_share=0.6)
     assert stale.rollout_cost == base.rollout_cost and stale.step_wall == pytest.approx(max(0.6 * base.weight_bytes, 0.4))
-    with pytest.raises(InputError, match="no format"):
-        rollout_cost(model, "noise:0.1")
+    noisy = rollout_cost(model, "noise:0.1", reuse=2, rollout_share=0.6)  # a full-precision copy
+    assert (noisy.weight_bytes, noisy.rollout_cost, noisy.step_wall) == (1.0, 0.5, pytest.approx(0.3 + 0.4))
+    with pytest.raises(InputError, match="staleness=K"):
+        rollout_cost(model, "stale:2")
     with pytest.raises(InputError, match="rollout_share"):
         rollout_cost(model, "int8:channel", rollout_share=1.0)
 

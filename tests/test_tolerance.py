@@ -12,7 +12,7 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.sweep import write_sweep_report
-from mismatch.report.tolerance import (combine, level_table, run_table, source_level, t_interval, tolerance_table,
+from mismatch.tolerance import (combine, level_table, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
 from mismatch.results import tidy
 

@@ -1,0 +1,137 @@
+"""The cost frontier per pair: what each rollout configuration of a study costs, how OPD fared with it,
+and the cheapest configuration that stayed tolerated.
+
+Costs are the analytic factors of `mismatch.admission.cost` (weight bytes read per decoded token,
+rollouts generated per trained step, the step's wall clock with the overlap a lag allows),
+computed on the pair student's *architecture*: its `config.json` instantiated on the meta device,
+so no weight is read. The rollout share of a step (for the wall clock) is each pair's own, measured
+in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.tolerance`. The
+cheapest configuration is named twice: by the interval verdict (`tolerated`), and by the means
+alone (Δ accuracy ≥ −acc_tol and KL ratio ≤ 1 + kl_tol: kept up with clean on average, not shown
+to at the seed interval).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from mismatch.admission.cost import rollout_cost
+from mismatch.errors import MismatchError
+from mismatch.models import smollm2_checkpoint
+from mismatch.opd.ring import split_rollout_spec
+from mismatch.opd.verdict import opd_runs
+from mismatch.pairs.registry import member_spec
+from mismatch.tolerance import level_table, run_table
+
+COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
+
+
+def student_skeleton(pair: str) -> torch.nn.Module:
+    """The pair student's architecture on the meta device (from its config.json; no weight read)."""
+    spec = member_spec(f"{pair}:student")
+    directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
+    if not (directory / "config.json").is_file():
+        raise MismatchError(f"no config.json for {pair}'s student at {directory}")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def rollout_shares(rows: pd.DataFrame) -> dict[str, float]:
+    """Per pair: median over its clean runs' steps of rollout_s ÷ wall_s."""
+    out: dict[str, list[float]] = {}
+    for config, metrics in opd_runs(rows[rows["kind"] == "opd"]):
+        if split_rollout_spec(str(config.get("rollout")), int(config.get("staleness", 0))) != (None, 0, 1):
+            continue
+        by_step: dict[int, dict[str, float]] = {}
+        for m in metrics:
+            by_step.setdefault(m["step"], {})[m["metric"]] = m["value"]
+        out.setdefault(config["pair"], []).extend(v["rollout_s"] / v["wall_s"] for v in by_step.values()
+                                                  if v.get("wall_s", 0) > 0 and "rollout_s" in v)
+    return {pair: float(pd.Series(v).median()) for pair, v in out.items() if v}
+
+
+def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """Every judged level with its cost factors (`COST_COLUMNS`), `kept_up` (the means within the
+    thresholds), and `cheapest` marks: `tolerated` / `by means` on each pair's cheapest such level
+    by step wall clock."""
+    opd = rows[rows["kind"] == "opd"]
+    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol)
+    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    if levels.empty:
+        return levels
+    configs = {cfg["run_id"]: cfg for cfg, _ in opd_runs(opd)}
+    shares, skeletons, costs = rollout_shares(opd), {}, []
+    first = runs.drop_duplicates(["pair", "source", "settings", "level"]).set_index(
+        ["pair", "source", "settings", "level"])["run_id"]
+    for row in levels.itertuples():
+        cfg = configs[first[(row.pair, row.source, row.settings, row.level)]]
+        spec, k, r = split_rollout_spec(str(cfg["rollout"]), int(cfg.get("staleness", 0)))
+        if row.pair not in skeletons:
+            try:
+                skeletons[row.pair] = student_skeleton(row.pair)
+            except MismatchError:  # not a pair of this installation: its costs stay unknown
+                skeletons[row.pair] = None
+        if skeletons[row.pair] is None:
+            costs.append({name: math.nan for name in (*COST_COLUMNS, "rollout_share")})
+            continue
+        c = rollout_cost(skeletons[row.pair], spec, str(cfg.get("layers") or "linear"), staleness=k, reuse=r,
+                         rollout_share=shares.get(row.pair, 0.5))
+        costs.append({name: getattr(c, name) for name in COST_COLUMNS} | {"rollout_share": c.rollout_share})
+    table = pd.concat([levels.reset_index(drop=True), pd.DataFrame(costs)], axis=1)
+    acc_ok = table["acc_delta"].isna() | (table["acc_delta"] >= -acc_tol)
+    table["kept_up"] = acc_ok & (table["kl_ratio"] <= 1 + kl_tol)
+    table["cheapest"] = ""
+    for _, group in table.groupby("pair", sort=False):
+        for label, mask in (("tolerated", group["verdict"] == "tolerated"), ("by means", group["kept_up"])):
+            if mask.any() and group.loc[mask, "step_wall"].notna().any():
+                best = group.loc[mask, "step_wall"].idxmin()
+                table.loc[best, "cheapest"] = ", ".join(filter(None, [table.loc[best, "cheapest"], label]))
+    return table.sort_values(["pair", "step_wall"], kind="stable").reset_index(drop=True)
+
+
+def _fmt(mean: float, half: float, scale: float, pattern: str) -> str:
+    if math.isnan(mean):
+        return "—"
+    return pattern.format(mean * scale) + ("" if math.isnan(half) else f" ± {half * scale:.{1 if scale > 1 else 3}f}")
+
+
+def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> str:
+    """The frontier as Markdown, one table per pair, cheapest first."""
+    lines = ["# Cost frontier", "",
+             "Analytic cost of each rollout configuration of the study relative to clean synchronous rollouts in "
+             "the student's own precision (fp32): weight bytes read per decoded token, rollouts generated per "
+             "trained step (1/R with reuse), and the step's wall clock (rollout share measured in the pair's clean "
+             "runs; a lag K ≥ 1 overlaps generation and training). Δ and KL ratio against each run's clean twin, "
+             f"mean ± 95% interval over seeds; *kept up* = means within −{100 * acc_tol:g} points and "
+             f"{1 + kl_tol:g}; *cheapest* marks each pair's cheapest level by step wall clock that was tolerated "
+             "(intervals) and that kept up (means).", ""]
+    for pair, group in table.groupby("pair", sort=False):
+        lines += [f"## {pair} (rollout share of a clean step {group['rollout_share'].iloc[0]:.2f})", "",
+                  "| source | level | settings | weight bytes | rollouts | step wall | Δ accuracy (pts) | KL ratio | "
+                  "verdict | kept up | cheapest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in group.itertuples():
+            lines.append(f"| {r.source} | {r.level} | {r.settings} | ×{r.weight_bytes:.3f} | ×{r.rollouts_generated:.3g} | "
+                         f"×{r.step_wall:.3f} | {_fmt(r.acc_delta, r.acc_delta_hw, 100, '{:+.1f}')} | "
+                         f"{_fmt(r.kl_ratio, r.kl_ratio_hw, 1, '{:.3f}')} | {r.verdict} | "
+                         f"{'yes' if r.kept_up else 'no'} | {r.cheapest} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
+                          acc_tol: float = 0.02) -> list[Path]:
+    """Write `cost_frontier.md` and `cost_frontier.csv` (nothing without judged OPD levels)."""
+    table = frontier_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    if table.empty:
+        return []
+    out_dir = Path(out_dir)
+    written = [out_dir / "cost_frontier.md", out_dir / "cost_frontier.csv"]
+    written[0].write_text(frontier_markdown(table, kl_tol=kl_tol, acc_tol=acc_tol), encoding="utf-8")
+    table.to_csv(written[1], index=False)
+    return written
