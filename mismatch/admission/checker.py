@@ -273,8 +273,9 @@ def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts
         _, checked, _ = measure(lm, admission.rollout, scope, texts, gates[:1], **sample)
         return checked[0].status, checked[0].value
 
+    first = admission.decisions[0]
     found = search_recipe(lm, admission.rollout, batch, admission.layers, gates[0].limit, verify,
-                          seed=sample["seed"])
+                          seed=sample["seed"], baseline=(first.status, first.value))
     admission.recipe = found.to_dict()
     admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
                            f"linear weights) in high precision → {found.verified_status} "

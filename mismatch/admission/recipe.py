@@ -144,8 +144,8 @@ def _keep_and_verify(names: list[str], units: list[tuple[float, list[str]]], ful
         keep_until(TARGET_SHARE * limit)
 
 
-def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, verify, *, seed: int = 0
-                  ) -> Recipe:
+def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, verify, *, seed: int = 0,
+                  baseline: tuple[str, float] | None = None) -> Recipe:
     """Search the modules to keep in high precision (module docstring).
 
     Args:
@@ -153,6 +153,8 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
         spec, scope: the rollout format and its layer scope.
         limit: the gate's limit (nats per token for `mismatch_kl`).
         verify: `verify(layers) -> (status, value)`: the check with the format on `layers`.
+        baseline: the check's own `(status, value)` for the whole scope; when given and the format's
+            KL already lies under the target, nothing is mapped or kept and it is the verification.
 
     Returns:
         The verified `Recipe` (`verified_status` is the check's status of the last verification).
@@ -163,16 +165,23 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     by_block: dict[int, list[str]] = {}
     for n in names:
         by_block.setdefault(blocks[n][0] if n in blocks else n_blocks, []).append(n)
-    units, isolation = _units(lm, spec, batch, by_block, seed)
-    units.sort(key=lambda u: -max(u[0], 0.0) / _params(model, u[1]))
-    full = probe_candidates(lm, batch, [spec], [exact_scope(names)], per_layer=False, seed=seed)[0]
-    kept, status, value, tries = _keep_and_verify(names, units, full.result.summary["kl_rev_mean"], limit, verify)
+    full_kl = probe_candidates(lm, batch, [spec], [exact_scope(names)], per_layer=False,
+                               seed=seed)[0].result.summary["kl_rev_mean"]
+    units, isolation = [], {}
+    if full_kl > TARGET_SHARE * limit or baseline is None:  # something may have to stay: map it
+        units, isolation = _units(lm, spec, batch, by_block, seed)
+        units.sort(key=lambda u: -max(u[0], 0.0) / _params(model, u[1]))
+    if units or baseline is None:
+        kept, status, value, tries = _keep_and_verify(names, units, full_kl, limit, verify)
+    else:  # the format as given already sits far under the limit: the check itself was the verification
+        (status, value), kept, tries = baseline, [], 0
     kept = [n for n in names if n in set(kept)]  # model order
     rest = [n for n in names if n not in set(kept)]
     frac = _params(model, kept) / _params(model, names)
     bits = getattr(parse_spec(spec), "weight_bits", math.nan)
     vllm, llmc = exports(model, kept)
-    return Recipe(spec=spec, kept=kept, layers=exact_scope(rest) if rest else "none", vllm_ignored_layers=vllm,
+    layers = scope if not kept else exact_scope(rest) if rest else "none"
+    return Recipe(spec=spec, kept=kept, layers=layers, vllm_ignored_layers=vllm,
                   llmcompressor_ignore=llmc, kept_fraction=frac,
                   bits_per_weight=frac * HIGH_PRECISION_BITS + (1 - frac) * bits, verified_status=status,
                   verified_value=value, isolation=isolation, verifications=tries)

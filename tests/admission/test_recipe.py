@@ -55,3 +55,13 @@ def test_a_fragile_block_is_kept_and_the_verified_recipe_passes():
     # the recipe's scope reproduces the rollout copy: the format on every other module
     assert select(lm.model, recipe["layers"]) == [n for n in select(lm.model, "linear") if n not in recipe["kept"]]
     assert recipe["isolation"]["block 1"] == max(v for k, v in recipe["isolation"].items() if k.startswith("block"))
+
+
+def test_an_admitted_format_keeps_nothing_and_the_check_is_its_verification():
+    lm = mismatch.load("tiny-llama")
+    got = check(lm, "int8:channel", prompts=PROMPTS, max_new_tokens=6, thresholds={"mismatch_kl": 10.0}, recipe=True)
+    recipe = got.recipe
+    assert got.status == "admit" and recipe["kept"] == [] and recipe["verifications"] == 0
+    assert (recipe["verified_status"], recipe["verified_value"]) == (got.status, got.decisions[0].value)
+    assert recipe["layers"] == "linear" and recipe["vllm_ignored_layers"] == [] and recipe["llmcompressor_ignore"] == ["lm_head"]
+    assert recipe["kept_fraction"] == 0.0 and recipe["bits_per_weight"] == 8.0
