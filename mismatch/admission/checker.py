@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mismatch.admission.gates import Gate, preset_gates, rollout_stats
 from mismatch.admission.cost import measured_cost, rollout_cost
+from mismatch.admission.gates import Gate, preset_gates, rollout_stats
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
@@ -323,6 +323,7 @@ def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None) -> lis
     limit = table.limits[table.primary]
     lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
     prov = table.provenance
-    return [Gate(table.primary, limit,
-                 f"fitted on {', '.join(prov.get('results', []))} ({prov.get('fitted_with', '?')}): tolerated "
-                 f"configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean")]
+    split = (f"tolerated configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean"
+             if not math.isnan(hi) else "no configuration was not tolerated: limit at the largest tolerated value")
+    return [Gate(table.primary, limit, f"fitted on {', '.join(prov.get('results', []))} "
+                                       f"({prov.get('fitted_with', '?')}): {split}")]
