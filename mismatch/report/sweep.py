@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.opd.verdict import opd_runs, run_label
+from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.report.probe import is_isolation
 from mismatch.tolerance import LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
@@ -139,14 +140,29 @@ def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
     return fig
 
 
+def student_models() -> dict[str, str]:
+    """Model spec → pair, for each registered pair's student (`smollm2-135m` → `smollm2-concise`), so
+    that a probe run on the student's model under its own name counts as that pair's student."""
+    owners: dict[str, list[str]] = {}
+    for pair in PAIRS:
+        spec = member_spec(f"{pair}:student")
+        if spec != f"{pair}:student":
+            owners.setdefault(spec, []).append(pair)
+    return {spec: pairs[0] for spec, pairs in owners.items() if len(pairs) == 1}  # a shared student stays unnamed
+
+
 def _student_probes(rows: pd.DataFrame) -> pd.DataFrame:
-    """Probe summaries of runs whose reference is a pair's student (`PAIR:student`), with `pair`."""
+    """Probe summaries of runs whose reference is a pair's student (`PAIR:student`, or the student's
+    own model spec: `student_models`), with `pair`."""
     probes = rows[rows["kind"] == "probe"]
     if probes.empty or "reference" not in probes:
         return pd.DataFrame()
     summ = summaries(probes)
-    summ = summ[summ["reference"].astype(str).str.endswith(":student")]
-    return summ.assign(pair=summ["reference"].str.rsplit(":", n=1).str[0])
+    reference = summ["reference"].astype(str)
+    named = reference.str.endswith(":student")
+    models = student_models()
+    pair = reference.map(models).where(~named, reference.str.rsplit(":", n=1).str[0])
+    return summ[pair.notna()].assign(pair=pair[pair.notna()])
 
 
 def block_figure(students: pd.DataFrame):
