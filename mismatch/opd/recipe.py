@@ -32,7 +32,7 @@ import torch
 
 from mismatch.errors import InputError, NumericsError
 from mismatch.layout import Head, head_inputs, is_identity_warp, logprob_chunks
-from mismatch.metrics import sampled_token_metrics
+from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.models import LM
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
@@ -262,8 +262,10 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     t2 = time.perf_counter()
     result, grad_norm, lr = update(run, rollout, hidden_T)
     t3 = time.perf_counter()
-    mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[rollout.batch.response_mask.bool()],
-                                     run.config.clip)
+    mask = rollout.batch.response_mask.bool()
+    mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[mask], run.config.clip)
+    seq = torch.unique(mask.nonzero()[:, 0], return_inverse=True)[1]  # each response token's sequence
+    frameworks = rollout_stats(result.logp_student, rollout.logprobs[mask], seq)  # verl / slime / NeMo RL names
     t4 = time.perf_counter()
     served = refresh(run)
     t5 = time.perf_counter()
@@ -273,7 +275,7 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
             "metrics_s": t4 - t3 + result.logp_seconds, "refresh_s": t5 - t4,
             "wall_s": t5 - t0, "tokens_per_s": n_tokens / (t5 - t0), "served_version": served,
             "rollouts": len(rollout.batch.input_ids) if fresh else 0, "batch_age": age,
-            **{f"mismatch_{k}": v for k, v in mismatch.items()}}
+            **{f"mismatch_{k}": v for k, v in mismatch.items()}, **frameworks}
 
 
 def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[list[dict]], None] | None = None,
@@ -294,7 +296,8 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         (responses sampled this step: the batch size, or 0 on a step that reuses the batch),
         batch_age (updates the batch had before this one: 0 when fresh) and the
         mismatch metrics on the step's own rollout tokens (mismatch_kl, mismatch_k3,
-        mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac, mismatch_chi2_token); at
+        mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac, mismatch_chi2_token, and the
+        same tokens under verl's, slime's and NeMo RL's names: `mismatch.metrics.rollout_stats`); at
         evaluation steps heldout_rkl and, with a task, heldout_accuracy (exact match of the
         student's temperature-1 samples: the accuracy verdicts compare) and, with `eval_greedy`,
         heldout_greedy_accuracy.

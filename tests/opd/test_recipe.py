@@ -178,3 +178,11 @@ def test_without_the_greedy_evaluation_every_other_number_is_the_same():
     assert not any(r["metric"] == "heldout_greedy_accuracy" for r in without)
     keep = [r for r in with_greedy if r["metric"] not in timing | {"heldout_greedy_accuracy"}]
     assert keep == [r for r in without if r["metric"] not in timing]
+
+
+def test_steps_log_the_framework_named_statistics_of_their_own_rollout_tokens():
+    rows = train(OPDConfig(**{**SHORT, "steps": 2}, rollout="int4:group128"))
+    kl, verl_kl = _by(rows, "mismatch_kl"), _by(rows, "rollout_corr/kl")
+    assert verl_kl == kl and all(v != 0.0 for v in kl.values())  # the same k1 estimate, bit for bit
+    assert all(v >= 1.0 for v in _by(rows, "train/token_mult_prob_error").values())
+    assert set(_by(rows, "train/train_rollout_logprob_abs_diff")) == {1, 2}
