@@ -8,7 +8,9 @@ On SmolLM2-135M (the `smollm2-concise` pair's student), side by side:
     (sampling, reference pass, candidate pass, statistics and bootstrap);
   * one OPD step of `smollm2-concise` with the same batch: 16 prompts, ≤ 128 sampled tokens, clean
     rollouts (median of the steps after the first; held-out evaluation pushed past the last step);
-and the ratio check ÷ step (the issue's target: ≤ 5%; ≤ 2 minutes for the check).
+and the ratio check ÷ step (the issue's target: ≤ 5%; ≤ 2 minutes for the check). Then the in-loop
+form: `mismatch.admission.judge` on one OPD step's own rollout tokens (fp8-e4m3:block128 rollouts, the
+trainer's log-probs from the update's forward pass), timed against that step.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mismatch  # noqa: E402
 from mismatch.admission import checker  # noqa: E402
+from mismatch.admission import judge  # noqa: E402
 from mismatch.opd import OPDConfig, train  # noqa: E402
+from mismatch.opd.recipe import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
 
 
 def timed_check(lm: mismatch.LM) -> tuple[float, dict[str, float], mismatch.Admission]:
@@ -72,6 +76,22 @@ def main() -> None:
     print(f"one OPD step, smollm2-concise, 16 prompts ≤ 128 tokens: {step:.1f} s "
           f"(median of {len(walls)}, {statistics.median(tokens):.0f} tokens)")
     print(f"check ÷ OPD step: {total / step:.2f} (target ≤ 0.05); check ≤ 120 s: {'yes' if total <= 120 else 'no'}")
+    in_loop, loop_step = timed_judge()
+    print(f"in-loop judge on one step's own tokens: {in_loop:.2f} s; that step {loop_step:.1f} s; "
+          f"÷ step {in_loop / loop_step:.4f}")
+
+
+def timed_judge() -> tuple[float, float]:
+    """Seconds of `judge` on one fp8-rollout OPD step's tokens, and of that step (rollout, teacher, update)."""
+    run = setup(OPDConfig(pair="smollm2-concise", rollout="fp8-e4m3:block128", steps=1, batch_size=16,
+                          max_new_tokens=128, eval_prompts=1, lr=3e-5))
+    t0 = time.perf_counter()
+    rollout, teacher_batch = sample_rollouts(run, run.train_pool[:16], 1)
+    result, _, _ = update(run, rollout, score_with_teacher(run, teacher_batch))
+    t1 = time.perf_counter()
+    mask = rollout.batch.response_mask.bool()
+    judge(result.logp_student, rollout.logprobs[mask], mask.nonzero()[:, 0])
+    return time.perf_counter() - t1, t1 - t0
 
 
 if __name__ == "__main__":

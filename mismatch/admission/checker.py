@@ -299,9 +299,33 @@ def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate],
     with perturbed(lm.model, spec, layers=layers, seed=seed) as cand:
         result = probe(ref, LM(cand, lm.tokenizer, lm.name), per_layer=False, clip=clip)
     tok = result.per_token
-    logp_train = torch.tensor(tok["logp_ref"].to_numpy(), dtype=torch.float64)
-    logp_rollout = torch.tensor(tok["logp_cand"].to_numpy(), dtype=torch.float64)
-    seq = torch.unique(torch.tensor(tok["seq"].to_numpy(), dtype=torch.long), return_inverse=True)[1]
+    metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
+                               torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
+    metrics.update({f"probe/{k}": result.summary[k] for k in ("kl_fwd_mean", "kl_rev_mean", "tv_mean", "top1_agree")})
+    return metrics, decisions, batch
+
+
+def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor,
+          gates: list[Gate] | None = None, *, clip: float = 2.0, seed: int = 0
+          ) -> tuple[dict[str, float], list[Decision]]:
+    """The check's statistics and gate decisions on log-probs a training loop already has.
+
+    In OPD or RL the first batch's rollouts (sampled by the rollout engine) and the trainer's
+    log-probs of them before its first update are exactly what `check` samples and scores for itself;
+    judging them costs only the statistics and the bootstrap.
+
+    Args:
+        logp_train_N, logp_rollout_N: `[N]` log-probs of the sampled tokens under the trained policy
+            and under the rollout policy that sampled them (nats).
+        seq_N: `[N]` each token's sequence (any integer labels).
+        gates: default: the shipped fitted gate.
+
+    Returns:
+        `(metrics, decisions)` as in `Admission`.
+    """
+    gates = gates if gates is not None else _gates(None)
+    logp_train, logp_rollout = logp_train_N.double(), logp_rollout_N.double()
+    seq = torch.unique(seq_N.long(), return_inverse=True)[1]
 
     def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
         own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
@@ -309,11 +333,9 @@ def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate],
                 **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
 
     metrics = stats(torch.arange(len(seq)), seq)
-    metrics.update({f"probe/{k}": result.summary[k] for k in ("kl_fwd_mean", "kl_rev_mean", "tv_mean", "top1_agree")})
     intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
-    decisions = [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
-                          decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
-    return metrics, decisions, batch
+    return metrics, [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
+                              decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
 
 
 def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None) -> list[Gate]:

@@ -116,3 +116,21 @@ def test_cli_exit_codes_and_json(tmp_path, args, code):
         assert payload["admitted"] == (code == 0) and payload["decisions"][0]["limit"] == 1e-3
     else:
         assert "error:" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_judging_a_loops_own_log_probs_gives_the_checks_numbers():
+    """`judge` on the check's own calibration tokens reproduces the check's statistics and decisions."""
+    from mismatch.admission import judge
+
+    lm = mismatch.load("tiny-llama")
+    got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 0.05}, max_new_tokens=12, seed=3)
+    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:
+        batch = generate(LM(cand, lm.tokenizer, "c"), PROMPTS, max_new_tokens=12, temperature=1.0, seed=3)
+        logp_rollout = _direct_logprobs(cand, batch)
+    logp_train = _direct_logprobs(lm.model, batch)
+    seq = batch.response_mask[:, 1:].nonzero()[:, 0] * 7 + 100  # any labels
+    metrics, decisions = judge(logp_train, logp_rollout, seq, [mismatch.admission.Gate("mismatch_kl", 0.05, "x")],
+                               seed=3)
+    assert metrics["mismatch_kl"] == pytest.approx(got.metrics["mismatch_kl"], rel=1e-5)
+    assert decisions[0].status == got.decisions[0].status
+    assert (decisions[0].low, decisions[0].high) == pytest.approx((got.decisions[0].low, got.decisions[0].high), rel=1e-4)
