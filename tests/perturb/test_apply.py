@@ -16,6 +16,12 @@ from tests.conftest import random_ids
 ALL_SPECS = ["fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
              "fp8-e5m2:channel", "int8:channel", "int4:group128", "dtype:bf16", "dtype:fp16", "noise:0.05",
              "bnb-int8", "bnb-nf4", "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "quanto-int8:a8"]
+NEEDS_KERNELS = {"quanto-int4"}  # its forward runs optimum-quanto's C++ kernels (compiled on first use)
+
+
+def _params(specs):
+    """Specs as parameters; those whose forward needs compiled kernels marked `kernels` (`make test-kernels`)."""
+    return [pytest.param(s, marks=pytest.mark.kernels) if s in NEEDS_KERNELS else s for s in specs]
 
 
 def _state(model):
@@ -33,7 +39,7 @@ def _assert_restored(model, before):
         assert not module._forward_hooks and not module._forward_pre_hooks
 
 
-@pytest.mark.parametrize("spec", ALL_SPECS)
+@pytest.mark.parametrize("spec", _params(ALL_SPECS))
 @pytest.mark.parametrize("family,layers", [("tiny-llama", "all"), ("tiny-gpt2", "linear")])
 def test_restore_is_bitwise_and_candidate_differs(tiny, spec, family, layers):
     lm = mismatch.load(family)  # a private copy: this test perturbs it
@@ -195,7 +201,7 @@ def sqnr_of(spec: str) -> float:
     return _sqnr_db(ref, out)
 
 
-@pytest.mark.parametrize("spec", list(SQNR_FLOOR_DB))
+@pytest.mark.parametrize("spec", _params(SQNR_FLOOR_DB))
 def test_quantized_layer_output_passes_sqnr_floor(spec):
     sqnr = sqnr_of(spec)
     assert SQNR_FLOOR_DB[spec] <= sqnr < 60, f"{spec}: {sqnr:.2f} dB"
