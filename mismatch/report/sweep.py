@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.opd.verdict import opd_runs, run_label
+from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.report.probe import is_isolation

@@ -1,6 +1,5 @@
 """Mixed-precision recipes: a block made fragile on purpose is found, kept, and the verified check passes."""
 
-import pytest
 import torch
 
 import mismatch

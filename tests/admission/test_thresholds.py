@@ -1,7 +1,6 @@
 """Threshold fitting: the split against brute force, and a whole fit on a hand-made study."""
 
 import dataclasses
-import itertools
 import math
 import random
 
