@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from functools import lru_cache
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -45,7 +46,25 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (size, fingerprint)
+
+
 def vocab_fingerprint(tokenizer) -> str:
-    """SHA-256 of a tokenizer's whole token → id map: equal iff two tokenizers share a vocabulary."""
+    """SHA-256 of a tokenizer's whole token → id map: equal iff two tokenizers share a vocabulary.
+
+    Remembered per tokenizer object while its size stays the same (hashing a 49k-token vocabulary
+    takes ~0.13 s, and every probe pass asks); adding tokens recomputes it."""
+    size = len(tokenizer)
+    try:
+        cached = _FINGERPRINTS.get(tokenizer)
+    except TypeError:  # not weak-referenceable: no memory
+        cached = None
+    if cached is not None and cached[0] == size:
+        return cached[1]
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    fingerprint = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    try:
+        _FINGERPRINTS[tokenizer] = (size, fingerprint)
+    except TypeError:
+        pass
+    return fingerprint

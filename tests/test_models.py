@@ -125,3 +125,18 @@ def test_gguf_memoization_holds_only_inside_the_conversion():
         assert gguf.GGUFReader is not saved[0]
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == saved
     assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 30)
+
+
+def test_vocab_fingerprint_is_remembered_until_the_vocabulary_grows():
+    import hashlib
+    import json
+
+    from mismatch.tokenizer import byte_tokenizer, vocab_fingerprint
+
+    tok = byte_tokenizer()
+    direct = lambda t: hashlib.sha256(json.dumps(sorted(t.get_vocab().items(), key=lambda kv: kv[1]),  # noqa: E731
+                                                  ensure_ascii=False).encode()).hexdigest()
+    first = vocab_fingerprint(tok)
+    assert first == direct(tok) == vocab_fingerprint(tok) == vocab_fingerprint(byte_tokenizer())
+    tok.add_tokens(["<extra>"])
+    assert vocab_fingerprint(tok) == direct(tok) != first
