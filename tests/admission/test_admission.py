@@ -33,13 +33,19 @@ def _direct_logprobs(model, batch):
     return logp[batch.response_mask[:, 1:].bool()]
 
 
+def _same_samples(lm, spec="noise:0.3", seed=3):
+    """The check's calibration batch sampled again (same spec, prompts, length and seed), with each
+    response token's log-prob under the model and under the rollout copy by plain forward passes."""
+    with mismatch.perturbed(lm.model, spec, seed=seed) as cand:
+        batch = generate(LM(cand, lm.tokenizer, "c"), PROMPTS, max_new_tokens=12, temperature=1.0, seed=seed)
+        logp_rollout = _direct_logprobs(cand, batch)
+    return batch, _direct_logprobs(lm.model, batch), logp_rollout
+
+
 def test_statistics_equal_a_direct_recomputation_on_the_same_samples():
     lm = mismatch.load("tiny-llama")
     got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12, seed=3)
-    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:
-        batch = generate(LM(cand, lm.tokenizer, "c"), PROMPTS, max_new_tokens=12, temperature=1.0, seed=3)
-        logp_rollout = _direct_logprobs(cand, batch)
-    logp_train = _direct_logprobs(lm.model, batch)
+    batch, logp_train, logp_rollout = _same_samples(lm)
     log_r = logp_train - logp_rollout
     assert got.calibration["tokens"] == len(log_r) == int(batch.response_mask.sum())
     assert got.metrics["mismatch_kl"] == pytest.approx(float((-log_r).mean()), rel=1e-5)
@@ -124,10 +130,7 @@ def test_judging_a_loops_own_log_probs_gives_the_checks_numbers():
 
     lm = mismatch.load("tiny-llama")
     got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 0.05}, max_new_tokens=12, seed=3)
-    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:
-        batch = generate(LM(cand, lm.tokenizer, "c"), PROMPTS, max_new_tokens=12, temperature=1.0, seed=3)
-        logp_rollout = _direct_logprobs(cand, batch)
-    logp_train = _direct_logprobs(lm.model, batch)
+    batch, logp_train, logp_rollout = _same_samples(lm)
     seq = batch.response_mask[:, 1:].nonzero()[:, 0] * 7 + 100  # any labels
     metrics, decisions = judge(logp_train, logp_rollout, seq, [mismatch.admission.Gate("mismatch_kl", 0.05, "x")],
                                seed=3)
