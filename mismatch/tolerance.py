@@ -140,6 +140,14 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
     return frame.drop(columns="order").reset_index(drop=True)
 
 
+def kept_up(levels: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.Series:
+    """Per level, whether its *means* over seeds lie within the thresholds (Δ accuracy ≥ −acc_tol,
+    no accuracy counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which
+    the interval verdict may still call uncertain."""
+    acc_ok = levels["acc_delta"].isna() | (levels["acc_delta"] >= -acc_tol)
+    return acc_ok & (levels["kl_ratio"] <= 1 + kl_tol)
+
+
 def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
     """Per pair × source × settings: the levels tested, the largest tolerated with every smaller level
     tolerated too (formats: the cheapest tolerated, by stored bits per weight), the first level not

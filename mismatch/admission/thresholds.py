@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.errors import InputError
-from mismatch.tolerance import level_table, run_table
+from mismatch.tolerance import kept_up, level_table, run_table
 from mismatch.results import read_results
 from mismatch.version import __version__
 
@@ -95,12 +95,12 @@ def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
     return first.pivot_table(index="run_id", columns="metric", values="value", aggfunc="last")
 
 
-def labelled_points(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, kl_tol: float = 0.10,
+                    acc_tol: float = 0.02) -> pd.DataFrame:
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
     each first-step statistic, the level's tolerance numbers and verdict, and `tolerated` (the label:
-    mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol)."""
-    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
-    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol). `runs` / `levels`: the rows'
+    `run_table` and `level_table` (`mismatch.tolerance`)."""
     if levels.empty:
         raise InputError("no judged OPD levels in these results: run a study with clean twins first")
     stats = first_step_statistics(rows)
@@ -109,9 +109,7 @@ def labelled_points(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float 
     means = runs[~runs["clean"]].groupby(keys, sort=False)[list(stats.columns)].mean()
     levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"})  # mean over the whole run
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
-    acc_ok = points["acc_delta"].isna() | (points["acc_delta"] >= -acc_tol)
-    points = points.assign(level=points["level"].map(str),
-                           tolerated=acc_ok & (points["kl_ratio"] <= 1 + kl_tol))
+    points = points.assign(level=points["level"].map(str), tolerated=kept_up(points, kl_tol=kl_tol, acc_tol=acc_tol))
     return points.reset_index(drop=True)
 
 
@@ -168,12 +166,14 @@ def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
     return out
 
 
-def lagged_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[dict]:
+def lagged_verdicts(levels: pd.DataFrame) -> list[dict]:
     """The study's measured verdicts of staleness and reuse levels (what the check carries over)."""
-    levels = level_table(run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol), kl_tol=kl_tol, acc_tol=acc_tol)
-    lagged = levels[levels["source"].isin(LAGGED_SOURCES)]
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-            for row in lagged.to_dict("records")]
+    return _records(levels[levels["source"].isin(LAGGED_SOURCES)])
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """A frame's rows as plain-Python dicts (numpy scalars unwrapped), for JSON."""
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in frame.to_dict("records")]
 
 
 def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.10,
@@ -190,13 +190,16 @@ def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.
     return thresholds_from_rows(rows, sources=[str(p) for p in paths], kl_tol=kl_tol, acc_tol=acc_tol)
 
 
-def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: float = 0.10,
-                         acc_tol: float = 0.02) -> Thresholds:
-    """`fit_thresholds` on results rows already read (`sources` names them in the provenance)."""
+def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: float = 0.10, acc_tol: float = 0.02,
+                         runs: pd.DataFrame | None = None) -> Thresholds:
+    """`fit_thresholds` on results rows already read (`sources` names them in the provenance);
+    `runs`: their `run_table` when the caller has it already."""
     rows = rows[rows["kind"] == "opd"].dropna(axis=1, how="all")
     if rows.empty:
         raise InputError(f"no OPD runs in {', '.join(sources)}")
-    points = labelled_points(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
+    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    points = labelled_points(rows, runs, levels, kl_tol=kl_tol, acc_tol=acc_tol)
     stats = [s for s in STATISTICS if s in points and points[s].notna().any()]
     if PRIMARY not in stats:
         raise InputError("these results hold no first-step mismatch statistics (OPD runs record them per step)")
@@ -209,10 +212,8 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: floa
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   "label": f"tolerated = mean Δ accuracy ≥ −{100 * acc_tol:g} points and mean KL ratio ≤ {1 + kl_tol:g}"}
-    records = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in points.to_dict("records")]
-    return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=records, validation=validation,
-                      lagged=lagged_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), provenance=provenance)
-
+    return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
+                      validation=validation, lagged=lagged_verdicts(levels), provenance=provenance)
 
 
 def _digest(ids: list[str]) -> str:

@@ -23,6 +23,7 @@ from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
+from mismatch.tolerance import run_table
 
 
 def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
@@ -35,10 +36,11 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
         written += write_probe_report(of_kind(rows, "probe"), out_dir)
     if "opd" in present:
         written += write_opd_report(of_kind(rows, "opd"), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
-        written += write_sweep_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
-        written += write_admission_report(rows, out_dir, sources=sources or ["results"], kl_tol=kl_tol,
-                                          acc_tol=acc_tol)
-        written += write_frontier_report(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
+        runs = run_table(rows[rows["kind"] == "opd"], kl_tol=kl_tol, acc_tol=acc_tol)  # once, for the three below
+        tol = dict(kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
+        written += write_sweep_report(rows, out_dir, **tol)
+        written += write_admission_report(rows, out_dir, sources=sources or ["results"], **tol)
+        written += write_frontier_report(rows, out_dir, **tol)
     return written
 
 

@@ -10,13 +10,7 @@ import pandas as pd
 
 from mismatch.admission.thresholds import Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
-
-
-def _pm(mean: float, half: float, scale: float = 1.0, fmt: str = "{:+.1f}") -> str:
-    if mean is None or math.isnan(mean):
-        return "—"
-    text = fmt.format(mean * scale)
-    return text if half is None or math.isnan(half) else f"{text} ± {abs(half * scale):.{1 if scale > 1 else 3}f}"
+from mismatch.report.common import plus_minus
 
 
 def admission_markdown(t: Thresholds) -> str:
@@ -42,7 +36,8 @@ def admission_markdown(t: Thresholds) -> str:
               "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(t.points, key=lambda p: (p["pair"], p.get(t.primary, math.nan))):
         lines.append(f"| {p['pair']} | {p['source']} | {p['level']} | {p['seeds']} | {p.get(t.primary, math.nan):.3g} | "
-                     f"{_pm(p['acc_delta'], p['acc_delta_hw'], 100)} | {_pm(p['kl_ratio'], p['kl_ratio_hw'], 1, '{:.3f}')} | "
+                     f"{plus_minus(p['acc_delta'], p['acc_delta_hw'], 100)} | "
+                     f"{plus_minus(p['kl_ratio'], p['kl_ratio_hw'], 1, '{:.3f}')} | "
                      f"{p['verdict']} | {'tolerated' if p['tolerated'] else 'not tolerated'} |")
     lines += ["", "## Leave one pair out", "",
               "Each pair's levels predicted by the limit fitted on the other pairs.", "",
@@ -63,11 +58,13 @@ def admission_markdown(t: Thresholds) -> str:
 
 
 def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: list[str],
-                           kl_tol: float = 0.10, acc_tol: float = 0.02) -> list[Path]:
+                           kl_tol: float = 0.10, acc_tol: float = 0.02, runs: pd.DataFrame | None = None
+                           ) -> list[Path]:
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
-    judged OPD levels of static sources with first-step statistics; nothing otherwise."""
+    judged OPD levels of static sources with first-step statistics; nothing otherwise. `runs`: the
+    OPD rows' `run_table` when the caller has it already."""
     try:
-        t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol)
+        t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
     except InputError:
         return []
     out_dir = Path(out_dir)

@@ -5,6 +5,7 @@ Reports read result datasets only, never a model (STYLE.md rule 19).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -26,6 +27,15 @@ def fmt(value: float) -> str:
     if value == 0 or 1e-3 <= abs(value) < 1e5:
         return f"{value:.4g}"
     return f"{value:.3e}"
+
+
+def plus_minus(mean: float | None, half: float | None, scale: float = 1.0, pattern: str = "{:+.1f}") -> str:
+    """`mean ± half` for a Markdown cell, both × `scale` (100: points), the half-width to 1 decimal
+    when scaled up and 3 otherwise; "—" without a mean, the mean alone without a half-width."""
+    if mean is None or math.isnan(mean):
+        return "—"
+    text = pattern.format(mean * scale)
+    return text if half is None or math.isnan(half) else f"{text} ± {abs(half * scale):.{1 if scale > 1 else 3}f}"
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -26,7 +26,8 @@ from mismatch.models import smollm2_checkpoint
 from mismatch.opd.ring import split_rollout_spec
 from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import member_spec
-from mismatch.tolerance import level_table, run_table
+from mismatch.report.common import plus_minus
+from mismatch.tolerance import kept_up, level_table, run_table
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
 
@@ -42,10 +43,10 @@ def student_skeleton(pair: str) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
-def rollout_shares(rows: pd.DataFrame) -> dict[str, float]:
-    """Per pair: median over its clean runs' steps of rollout_s ÷ wall_s."""
+def rollout_shares(runs: list[tuple[dict, list[dict]]]) -> dict[str, float]:
+    """Per pair: median over its clean runs' steps of rollout_s ÷ wall_s (`runs`: `opd_runs` of the rows)."""
     out: dict[str, list[float]] = {}
-    for config, metrics in opd_runs(rows[rows["kind"] == "opd"]):
+    for config, metrics in runs:
         if split_rollout_spec(str(config.get("rollout")), int(config.get("staleness", 0))) != (None, 0, 1):
             continue
         by_step: dict[int, dict[str, float]] = {}
@@ -56,17 +57,19 @@ def rollout_shares(rows: pd.DataFrame) -> dict[str, float]:
     return {pair: float(pd.Series(v).median()) for pair, v in out.items() if v}
 
 
-def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+                   runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every judged level with its cost factors (`COST_COLUMNS`), `kept_up` (the means within the
     thresholds), and `cheapest` marks: `tolerated` / `by means` on each pair's cheapest such level
-    by step wall clock."""
+    by step wall clock. `runs`: the OPD rows' `run_table` when the caller has it already."""
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
     levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
     if levels.empty:
         return levels
-    configs = {cfg["run_id"]: cfg for cfg, _ in opd_runs(opd)}
-    shares, skeletons, costs = rollout_shares(opd), {}, []
+    per_run = opd_runs(opd)
+    configs = {cfg["run_id"]: cfg for cfg, _ in per_run}
+    shares, skeletons, costs = rollout_shares(per_run), {}, []
     first = runs.drop_duplicates(["pair", "source", "settings", "level"]).set_index(
         ["pair", "source", "settings", "level"])["run_id"]
     for row in levels.itertuples():
@@ -84,8 +87,7 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
                          rollout_share=shares.get(row.pair, 0.5))
         costs.append({name: getattr(c, name) for name in COST_COLUMNS} | {"rollout_share": c.rollout_share})
     table = pd.concat([levels.reset_index(drop=True), pd.DataFrame(costs)], axis=1)
-    acc_ok = table["acc_delta"].isna() | (table["acc_delta"] >= -acc_tol)
-    table["kept_up"] = acc_ok & (table["kl_ratio"] <= 1 + kl_tol)
+    table["kept_up"] = kept_up(table, kl_tol=kl_tol, acc_tol=acc_tol)
     table["cheapest"] = ""
     for _, group in table.groupby("pair", sort=False):
         for label, mask in (("tolerated", group["verdict"] == "tolerated"), ("by means", group["kept_up"])):
@@ -93,12 +95,6 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
                 best = group.loc[mask, "step_wall"].idxmin()
                 table.loc[best, "cheapest"] = ", ".join(filter(None, [table.loc[best, "cheapest"], label]))
     return table.sort_values(["pair", "step_wall"], kind="stable").reset_index(drop=True)
-
-
-def _fmt(mean: float, half: float, scale: float, pattern: str) -> str:
-    if math.isnan(mean):
-        return "—"
-    return pattern.format(mean * scale) + ("" if math.isnan(half) else f" ± {half * scale:.{1 if scale > 1 else 3}f}")
 
 
 def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> str:
@@ -117,17 +113,17 @@ def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> 
                   "verdict | kept up | cheapest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in group.itertuples():
             lines.append(f"| {r.source} | {r.level} | {r.settings} | ×{r.weight_bytes:.3f} | ×{r.rollouts_generated:.3g} | "
-                         f"×{r.step_wall:.3f} | {_fmt(r.acc_delta, r.acc_delta_hw, 100, '{:+.1f}')} | "
-                         f"{_fmt(r.kl_ratio, r.kl_ratio_hw, 1, '{:.3f}')} | {r.verdict} | "
+                         f"×{r.step_wall:.3f} | {plus_minus(r.acc_delta, r.acc_delta_hw, 100, '{:+.1f}')} | "
+                         f"{plus_minus(r.kl_ratio, r.kl_ratio_hw, 1, '{:.3f}')} | {r.verdict} | "
                          f"{'yes' if r.kept_up else 'no'} | {r.cheapest} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
-                          acc_tol: float = 0.02) -> list[Path]:
+                          acc_tol: float = 0.02, runs: pd.DataFrame | None = None) -> list[Path]:
     """Write `cost_frontier.md` and `cost_frontier.csv` (nothing without judged OPD levels)."""
-    table = frontier_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    table = frontier_table(rows, kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
     if table.empty:
         return []
     out_dir = Path(out_dir)

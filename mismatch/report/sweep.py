@@ -225,13 +225,14 @@ def _pm(mean: float, half: float, pattern: str) -> str:
     return pattern.format(mean) + ("" if math.isnan(half) else f" ± {half:.3g}" if half < 1 else f" ± {half:.1f}")
 
 
-def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
-                       ) -> list[Path]:
-    """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows."""
+def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+                       runs: pd.DataFrame | None = None) -> list[Path]:
+    """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows;
+    `runs`: the OPD rows' `run_table` when the caller has it already."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
     levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
     if levels.empty:
         return []
