@@ -233,12 +233,12 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
-    gates = _gates(thresholds) + list(preset_gates(tuple(presets)))
+    table = thresholds if isinstance(thresholds, Thresholds) else (  # the fitted gate's and the lagged verdicts'
+        load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
+    gates = _gates(thresholds, table) + list(preset_gates(tuple(presets)))
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
-    table = thresholds if isinstance(thresholds, Thresholds) else (
-        load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
     lagged = [_lagged_decision(table, source, level) for source, level, off in
               (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
     calibration = {"prompts": cal.source, "n_prompts": len(cal.texts),
@@ -323,7 +323,7 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
     Returns:
         `(metrics, decisions)` as in `Admission`.
     """
-    gates = gates if gates is not None else _gates(None)
+    gates = gates if gates is not None else _gates(None, load_thresholds())
     logp_train, logp_rollout = logp_train_N.double(), logp_rollout_N.double()
     seq = torch.unique(seq_N.long(), return_inverse=True)[1]
 
@@ -338,10 +338,10 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
                               decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
 
 
-def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None) -> list[Gate]:
+def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds) -> list[Gate]:
+    """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds)."""
     if isinstance(thresholds, dict):
         return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
-    table = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(thresholds)
     limit = table.limits[table.primary]
     lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
     prov = table.provenance

@@ -97,14 +97,8 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
     embed = model.get_input_embeddings()
     head = modules[_head_name(model)]
     tied = head.weight is embed.weight
-    total = 0
-    seen: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=True):
-        if p is embed.weight and not tied:
-            continue  # one row per token
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
+    # every parameter once (a tied head is the embedding); an untied input embedding reads one row per token
+    total = sum(p.numel() for p in model.parameters() if tied or p is not embed.weight)
     q_params = sum(modules[n].weight.numel() for n in quantized)
     ref_bytes = total * ref_bits / 8
     cand_bytes = (total - q_params) * ref_bits / 8 + q_params * bits / 8
