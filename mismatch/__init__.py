@@ -9,6 +9,7 @@ Public API (names are the contract, see DESIGN.md):
     perturbed, perturb_, restore_, parse_spec perturb/
     load_pair, list_pairs, Pair              pairs/
     check, Admission, fit_thresholds         admission/ (the admission check, thresholds, recipes, cost)
+    score_rollouts, read_rollouts            engines/ (an engine's rollout dump scored against a checkpoint)
 """
 
 import os
@@ -34,6 +35,7 @@ from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 from mismatch.probe_runs import ProbeConfig, probe_candidates, run_probes  # noqa: E402
 from mismatch.results import read_results  # noqa: E402
 from mismatch.admission import Admission, check, fit_thresholds  # noqa: E402
+from mismatch.engines import read_rollouts, score_rollouts, write_rollouts  # noqa: E402
 
 __all__ = [
     "LM", "load", "list_models",
@@ -43,6 +45,7 @@ __all__ = [
     "perturbed", "perturb_", "restore_", "parse_spec",
     "Pair", "load_pair", "list_pairs",
     "check", "Admission", "fit_thresholds",
+    "score_rollouts", "read_rollouts", "write_rollouts",
     "MismatchError", "ModelNotAvailableError", "InputError", "VocabMismatchError", "NumericsError",
     "__version__",
 ]

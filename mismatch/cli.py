@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 from transformers.utils import logging as hf_logging
 
-from mismatch import cli_check, console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
+from mismatch import cli_check, cli_engines, console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
 from mismatch.cli_common import AccTol, KlTol, Out, Overwrite, err, out
 from mismatch.errors import MismatchError
 from mismatch.models import list_models
@@ -195,5 +195,6 @@ def report(
     console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol))
 
 
-command(app, "check")(cli_check.check)
-command(app, "thresholds")(cli_check.thresholds)
+for _name, _fn in (("check", cli_check.check), ("thresholds", cli_check.thresholds),
+                  ("score-rollouts", cli_engines.score_rollouts)):
+    command(app, _name)(_fn)

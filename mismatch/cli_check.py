@@ -16,7 +16,9 @@ EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 
 def check(
     model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
-    rollout: Annotated[str, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")],
+    rollout: Annotated[str | None, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")] = None,
+    rollouts: Annotated[Path | None, typer.Option(help="Instead of --rollout: an engine's rollout dump to score "
+                                                       "(see `mismatch score-rollouts`).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
     staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (carried over from the study).")] = 0,
@@ -29,11 +31,13 @@ def check(
     recipe: Annotated[bool, typer.Option(help="Search a mixed-precision recipe even if admitted (a reject always does).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
 ) -> None:
-    """Is a cheaper rollout configuration safe for OPD on MODEL? Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
-    with err.status(f"checking {rollout} on {model}…"):
+    """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
+    Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
+    with err.status(f"checking {rollout or rollouts} on {model}…"):
         admission = admission_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
                                     staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
-                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe)
+                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe,
+                                    rollouts=rollouts)
     if json_out:
         typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
     else:

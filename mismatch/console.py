@@ -160,7 +160,9 @@ def sweep_summary(report: SweepReport, out) -> Table:
 def admission_table(admission) -> Table:
     """The admission check's gates: statistic, value with its 95% interval, limit, status, source."""
     cal = admission.calibration
-    title = (f"{admission.model} with rollouts under {admission.rollout} [{admission.layers}]: "
+    source = (f"from {cal['sampled_by']}" if admission.rollout.startswith("rollouts:")
+              else f"under {admission.rollout} [{admission.layers}]")
+    title = (f"{admission.model} with rollouts {source}: "
              f"{admission.status.upper()} ({cal['sequences']} sampled responses, {cal['tokens']} tokens)")
     table = Table("gate", "value", "95% interval", "limit", "status", "limit from", title=escape(title))
     for d in admission.decisions:
@@ -205,3 +207,14 @@ def recipe_text(recipe: dict) -> str:
         f"llm-compressor recipe ignore: {json.dumps(recipe['llmcompressor_ignore'])}",
         f"mismatch: --perturb {recipe['spec']} --layers '{recipe['layers']}'",
     ])
+
+
+def score_table(result) -> Table:
+    """The summary of `score_rollouts`: each statistic under the probes' and the frameworks' names."""
+    table = Table(title=f"{escape(result.candidate)} scored by {escape(result.reference)}")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for key, value in result.summary.items():
+        if not key.startswith("mismatch_"):  # the same numbers as the probe names, under the check's names
+            table.add_row(escape(key), f"{value:.6g}")
+    return table

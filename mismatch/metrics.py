@@ -50,31 +50,47 @@ def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_
             "tv": tv, "top1_agree": top1, "is_ratio": log_r.exp(), "k3": torch.expm1(log_r) - log_r}
 
 
-def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) -> dict[str, float]:
-    """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: DESIGN.md."""
-    t = {k: v.double() for k, v in tok.items()}
-    kl, r = t["kl_fwd"], t["is_ratio"]
-    log_r = t["logp_ref"] - t["logp_cand"]
-    abs_diff = log_r.abs()
-    q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64)
-    p1, p10, p50, p90, p99, p999 = torch.quantile(kl, q_levels).tolist()
+def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: torch.Tensor, clip: float
+                    ) -> dict[str, float]:
+    """The summary statistics that need only the sampled tokens' log-probs (`[N]` each, nats) and
+    their sequences (`[N]`), in float64: what an engine's rollout dump supports
+    (`mismatch.engines.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
+    k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, seq_log_ratio_abs_mean, ppl_ratio,
+    chi2_token, is_ess, dp_rms (DESIGN.md, and this module's docstring)."""
+    lp, lq = logp_ref_N.double(), logp_cand_N.double()
+    log_r = lp - lq
+    r = log_r.exp()
     w = r / r.mean()
     seq_sums = torch.zeros(int(seq_N.max()) + 1, dtype=torch.float64).index_add_(0, seq_N, log_r)
     present = torch.bincount(seq_N) > 0
     out = {
-        "tokens": float(kl.numel()),
+        "tokens": float(lp.numel()),
         "sequences": float(present.sum()),
-        "kl_fwd_mean": kl.mean(), "kl_fwd_p1": p1, "kl_fwd_p10": p10, "kl_fwd_p50": p50,
-        "kl_fwd_p90": p90, "kl_fwd_p99": p99, "kl_fwd_p999": p999, "kl_fwd_max": kl.max(),
-        "kl_rev_mean": t["kl_rev"].mean(), "k3_mean": t["k3"].mean(), "tv_mean": t["tv"].mean(),
-        "top1_agree": t["top1_agree"].mean(),
-        "logp_abs_diff_mean": abs_diff.mean(), "logp_abs_diff_max": abs_diff.max(),
+        "k3_mean": (torch.expm1(log_r) - log_r).mean(),
+        "logp_abs_diff_mean": log_r.abs().mean(), "logp_abs_diff_max": log_r.abs().max(),
         "is_ratio_outside_frac": ((r < 1.0 / clip) | (r > clip)).double().mean(),
         "seq_log_ratio_abs_mean": seq_sums[present].abs().mean(),
-        "ppl_ratio": torch.exp((-t["logp_cand"]).mean() - (-t["logp_ref"]).mean()),
+        "ppl_ratio": torch.exp((-lq).mean() - (-lp).mean()),
         "chi2_token": (r * r).mean() - 1.0,
         "is_ess": 1.0 / (w * w).mean(),
-        "dp_rms": ((t["logp_cand"].exp() - t["logp_ref"].exp()) ** 2).mean().sqrt(),
+        "dp_rms": ((lq.exp() - lp.exp()) ** 2).mean().sqrt(),
+    }
+    return {k: float(v) for k, v in out.items()}
+
+
+def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) -> dict[str, float]:
+    """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: DESIGN.md."""
+    t = {k: v.double() for k, v in tok.items()}
+    kl = t["kl_fwd"]
+    q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64)
+    p1, p10, p50, p90, p99, p999 = torch.quantile(kl, q_levels).tolist()
+    sampled = sampled_summary(t["logp_ref"], t["logp_cand"], seq_N, clip)
+    out = {
+        "tokens": sampled.pop("tokens"), "sequences": sampled.pop("sequences"),
+        "kl_fwd_mean": kl.mean(), "kl_fwd_p1": p1, "kl_fwd_p10": p10, "kl_fwd_p50": p50,
+        "kl_fwd_p90": p90, "kl_fwd_p99": p99, "kl_fwd_p999": p999, "kl_fwd_max": kl.max(),
+        "kl_rev_mean": t["kl_rev"].mean(), "k3_mean": sampled.pop("k3_mean"), "tv_mean": t["tv"].mean(),
+        "top1_agree": t["top1_agree"].mean(), **sampled,
     }
     return {k: float(v) for k, v in out.items()}
 

@@ -30,6 +30,7 @@ from mismatch.admission.cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates, rollout_stats
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
+from mismatch.engines import score_rollouts
 from mismatch.errors import InputError
 from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM, context_length
@@ -43,6 +44,7 @@ from mismatch.rollout import Batch, encode, generate, read_prompts
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
 STATUSES = ("admit", "uncertain", "reject")
+DEFAULT_ROLLOUT = "fp8-e4m3:block128"
 
 
 @dataclass
@@ -193,11 +195,11 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[s
     return status, note
 
 
-def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Path | list[str] | None = None,
+def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str | Path | list[str] | None = None,
           layers: str = "linear", thresholds: Thresholds | str | Path | dict[str, float] | None = None,
           seed: int = 0, *, staleness: int = 0, reuse: int = 1, presets: tuple[str, ...] = (),
           n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0,
-          recipe: bool = False) -> Admission:
+          recipe: bool = False, rollouts: str | Path | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -217,30 +219,30 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
         chat: wrap prompts in the chat template (default: when the tokenizer has one).
         recipe: search a mixed-precision recipe (`mismatch.admission.recipe`) even when not rejected; a
             rejection by the first (fitted) gate always searches one, against that gate.
+        rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
+            the engine's own log-probs), scored by `model` teacher-forced; `rollout` must then be None.
+            The calibration set is the dump; no recipe (there is no spec to keep layers out of).
 
     Returns:
         An `Admission`.
     """
-    spec = parse_spec(rollout)
-    if isinstance(spec, (StaleConfig, ReuseConfig)):
-        raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
-    if staleness < 0 or reuse < 1:
-        raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
-    name = model.name if isinstance(model, LM) else model
-    lm = model if isinstance(model, LM) else load_member(model, seed=seed)
+    if rollouts is not None:
+        if rollout not in (None, DEFAULT_ROLLOUT):
+            raise InputError("give either a rollout spec or a rollouts file, not both")
+        return _check_dump(model, rollouts, thresholds, seed=seed, staleness=staleness, reuse=reuse,
+                           presets=presets, clip=clip, recipe=recipe)
+    spec = _rollout_spec(rollout)
+    name, lm = _loaded(model, staleness, reuse, seed)
     select(lm.model, layers)  # fail fast on a bad scope
     cal = calibration_prompts(name, prompts, n_prompts, seed)
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
-    table = thresholds if isinstance(thresholds, Thresholds) else (  # the fitted gate's and the lagged verdicts'
-        load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
-    gates = _gates(thresholds, table) + list(preset_gates(tuple(presets)))
+    table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
-    lagged = [_lagged_decision(table, source, level) for source, level, off in
-              (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
+    lagged = _lagged(table, staleness, reuse)
     calibration = {"prompts": cal.source, "n_prompts": len(cal.texts),
                    "sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens,
                    "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat, "seed": seed,
@@ -252,6 +254,55 @@ def check(model: str | LM, rollout: str = "fp8-e4m3:block128", prompts: str | Pa
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
     return admission
+
+
+def _rollout_spec(rollout: str | None):
+    if rollout is None:
+        raise InputError("give a rollout spec (--rollout fp8-e4m3:block128, …) or an engine's rollouts (--rollouts FILE)")
+    spec = parse_spec(rollout)
+    if isinstance(spec, (StaleConfig, ReuseConfig)):
+        raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
+    return spec
+
+
+def _loaded(model: str | LM, staleness: int, reuse: int, seed: int) -> tuple[str, LM]:
+    """The model's name and the model, once the pipeline's staleness and reuse are valid."""
+    if staleness < 0 or reuse < 1:
+        raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
+    return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed))
+
+
+def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresholds, list[Gate]]:
+    """The resolved thresholds table (the fitted gate's and the lagged verdicts') and the gates to apply."""
+    table = thresholds if isinstance(thresholds, Thresholds) else (
+        load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
+    return table, _gates(thresholds, table) + list(preset_gates(tuple(presets)))
+
+
+def _lagged(table: Thresholds, staleness: int, reuse: int) -> list[tuple[str, str]]:
+    return [_lagged_decision(table, source, level) for source, level, off in
+            (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
+
+
+def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, staleness: int, reuse: int,
+                presets: tuple[str, ...], clip: float, recipe: bool) -> Admission:
+    """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
+    name, lm = _loaded(model, staleness, reuse, seed)
+    table, gates = _thresholds_and_gates(thresholds, presets)
+    scored = score_rollouts(lm, rollouts, clip=clip)
+    tok = scored.per_token
+    metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
+                               torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
+    metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
+    lagged = _lagged(table, staleness, reuse)
+    notes = [n for _, n in lagged]
+    if recipe:
+        notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
+    calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),
+                   "tokens": int(scored.summary["tokens"]), "sampled_by": scored.candidate, "seed": seed}
+    return Admission(model=name, rollout=f"rollouts:{rollouts}", layers="", metrics=metrics, decisions=decisions,
+                     status=combine_status([d.status for d in decisions] + [st for st, _ in lagged]),
+                     notes=notes, calibration=calibration)
 
 
 def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, staleness: int, reuse: int,

@@ -1,0 +1,41 @@
+"""`mismatch score-rollouts`: options → one library call → print (registered in `cli.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch import console
+from mismatch.cli_common import err, out
+from mismatch.engines import score_rollouts as score_lib
+from mismatch.errors import InputError
+
+
+def score_rollouts(
+    model: Annotated[str, typer.Argument(help="The trainer's checkpoint: a local checkpoint, a built-in, PAIR:student.")],
+    rollouts: Annotated[Path, typer.Argument(help="The engine's dump: JSONL/JSON/parquet (mismatch, vLLM, SGLang or "
+                                                  "OpenAI-compatible records with per-token log-probs).")],
+    out_path: Annotated[Path | None, typer.Option("--out", help="Write the per-token table (.parquet or .csv).")] = None,
+    clip: Annotated[float, typer.Option(help="IS ratios outside [1/clip, clip] count as outside.")] = 2.0,
+    text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced."""
+    if out_path is not None and out_path.suffix not in (".parquet", ".csv"):
+        raise InputError(f"--out must end in .parquet or .csv, got {out_path}")
+    with err.status(f"scoring {rollouts} with {model}…"):
+        result = score_lib(model, rollouts, clip=clip, check_text=text_check)
+    if out_path is not None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        (result.per_token.to_parquet(tmp, index=False) if out_path.suffix == ".parquet"
+         else result.per_token.to_csv(tmp, index=False))
+        tmp.replace(out_path)
+        console.wrote(err, out_path)
+    if json_out:
+        typer.echo(json.dumps({"model": result.reference, "rollouts": result.candidate, **result.summary}, indent=1))
+    else:
+        out.print(console.score_table(result))

@@ -1,0 +1,317 @@
+"""Rollout dumps from inference engines: read, validate and write them.
+
+A dump holds sampled responses with the engine's own log-probability of every response token.
+Four record shapes are read, one record per JSONL line (or a JSON array; parquet for ours), the
+shape found per record:
+
+* **mismatch** (ours, written by `write_rollouts`): `prompt_token_ids` `[P]`, `response_token_ids`
+  `[T]`, `response_logprobs` `[T]` (nats), optional `top_logprobs` (per response position a
+  `{token_id: logprob}` map or `[[token_id, logprob], …]`), `response_text`, and `token_ids`
+  (the whole sequence, as verl and slime keep it: it must be the prompt followed by the response).
+* **vLLM** `RequestOutput`: `prompt_token_ids` and `outputs[]` with `token_ids`, `text` and
+  `logprobs` (per position `{token_id: Logprob | float}`; JSON turns the ids into strings). Each
+  output is one sequence. vLLM returns the raw model's log-probs by default (`logprobs_mode`).
+* **SGLang** `/generate` response: `meta_info.output_token_logprobs` (`[logprob, token_id, text]`
+  triples or `{logprob, token_id}` maps), optional `meta_info.output_top_logprobs`, `text`; the
+  prompt ids from `input_ids` or `prompt_token_ids` (the request's: SGLang does not echo them).
+* **OpenAI-compatible** chat completion: `choices[].logprobs.content[]` with `token`, `logprob`,
+  `top_logprobs[]`; token ids from `choices[].token_ids` (vLLM's `return_token_ids`), from
+  `token_id:N` strings (vLLM's `return_tokens_as_token_ids`) or, failing both, from the model's
+  tokenizer (a token string that decodes from exactly one id); the prompt ids from
+  `prompt_token_ids` (vLLM's `return_token_ids`), which the OpenAI API itself does not return.
+
+A line `{"meta": {...}}` (parquet: the schema metadata key `mismatch_rollouts`) carries what the
+engine knows: `vocab_size`, `vocab_fingerprint` (`mismatch.tokenizer.vocab_fingerprint`),
+`tokenizer`, `engine`, `temperature`. The log-probs must be those of the distribution the tokens
+were sampled from (temperature 1, no top-p/top-k truncation, for an unbiased mismatch estimate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mismatch.errors import InputError
+
+POSITIVE_SLACK = 1e-6  # log-probs up to this above 0 are fp rounding of a near-certain token (read as 0)
+META_KEY = "mismatch_rollouts"
+
+
+@dataclass(frozen=True)
+class EngineRollout:
+    """One sampled response: token ids, the engine's log-prob of each response token (nats) and,
+    where the engine gave them, its top-k log-probs per response position."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[dict[int, float], ...] | None = None
+    text: str | None = None  # the response text the engine printed (a tokenizer round-trip check)
+    where: str = ""  # "record 3 (line 4, vllm)": named in every error about it
+
+
+@dataclass(frozen=True)
+class RolloutDump:
+    """The records of one dump, in file order, and its metadata."""
+
+    records: tuple[EngineRollout, ...]
+    source: str
+    shapes: tuple[str, ...]  # the record shapes found
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.response_ids) for r in self.records)
+
+
+def _int(value: Any, where: str, what: str) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: {what} {value!r} is not a token id") from None
+    if isinstance(value, float) and value != out:
+        raise InputError(f"{where}: {what} {value!r} is not a token id")
+    return out
+
+
+def _logprob(value: Any, where: str, at: str) -> float:
+    if isinstance(value, dict):
+        value = value.get("logprob")
+    try:
+        lp = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: log-prob at {at} is {value!r}, not a number") from None
+    if not math.isfinite(lp) or lp > POSITIVE_SLACK:
+        raise InputError(f"{where}: log-prob at {at} is {lp!r}; log-probs must be finite and ≤ 0")
+    return min(lp, 0.0)
+
+
+def _top(entries: Any, where: str, at: str) -> dict[int, float]:
+    """A `{token_id: logprob}` map from a map or a list of `[id, lp]` / `[lp, id, text]` / dict entries."""
+    if isinstance(entries, dict):
+        return {_int(k, where, "top-k token id"): _logprob(v, where, at) for k, v in entries.items()}
+    out = {}
+    for e in entries or []:
+        if isinstance(e, dict):
+            out[_int(e.get("token_id", e.get("id")), where, "top-k token id")] = _logprob(e, where, at)
+        elif isinstance(e, (list, tuple)) and len(e) == 3:  # SGLang: [logprob, token_id, text]
+            out[_int(e[1], where, "top-k token id")] = _logprob(e[0], where, at)
+        elif isinstance(e, (list, tuple)) and len(e) == 2:  # ours: [token_id, logprob]
+            out[_int(e[0], where, "top-k token id")] = _logprob(e[1], where, at)
+        else:
+            raise InputError(f"{where}: cannot read the top-k entry {e!r} at {at}")
+    return out
+
+
+def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None, text: str | None,
+            where: str, full: Any = None) -> EngineRollout:
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise InputError(f"{where}: no prompt token ids (a response needs at least one token before it)")
+    if not isinstance(response, (list, tuple)) or not response:
+        raise InputError(f"{where}: the response has no token")
+    p_ids = tuple(_int(t, where, "prompt token id") for t in prompt)
+    r_ids = tuple(_int(t, where, "response token id") for t in response)
+    if len(logprobs) != len(r_ids):
+        raise InputError(f"{where}: {len(r_ids)} response tokens but {len(logprobs)} log-probs")
+    if full is not None and [_int(t, where, "token id") for t in full] != [*p_ids, *r_ids]:
+        raise InputError(f"{where}: the sequence's token_ids are not its prompt followed by its response")
+    lps = tuple(_logprob(v, where, f"response position {i}") for i, v in enumerate(logprobs))
+    tops = None
+    if top is not None:
+        if len(top) != len(r_ids):
+            raise InputError(f"{where}: {len(r_ids)} response tokens but {len(top)} top-k entries")
+        # sorted by token id: the sums over them then do not depend on the engine's listing order
+        tops = tuple(dict(sorted(_top(t, where, f"response position {i}").items())) for i, t in enumerate(top))
+    return EngineRollout(p_ids, r_ids, lps, tops, text, where)
+
+
+def _ours(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+    return [_record(rec.get("prompt_token_ids"), rec.get("response_token_ids"), list(rec.get("response_logprobs") or []),
+                    rec.get("top_logprobs"), rec.get("response_text"), where, rec.get("token_ids"))]
+
+
+def _vllm(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+    out = []
+    for j, o in enumerate(rec["outputs"]):
+        w = f"{where}, output {j}"
+        if not o.get("logprobs"):
+            raise InputError(f"{w}: no per-token log-probs (sample with SamplingParams(logprobs=0) or more)")
+        ids = o.get("token_ids") or []
+        if len(o["logprobs"]) != len(ids):
+            raise InputError(f"{w}: {len(ids)} response tokens but {len(o['logprobs'])} log-prob entries")
+        lps, tops = [], []
+        for i, (tok, pos) in enumerate(zip(ids, o["logprobs"])):
+            top = _top(pos, w, f"response position {i}")
+            if int(tok) not in top:
+                raise InputError(f"{w}: the log-probs at response position {i} lack the sampled token {tok}")
+            lps.append(top[int(tok)])
+            tops.append(top)
+        has_top = any(len(t) > 1 for t in tops)
+        out.append(_record(rec.get("prompt_token_ids"), ids, lps, tops if has_top else None, o.get("text"), w))
+    return out
+
+
+def _sglang(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+    meta = rec["meta_info"]
+    ids, lps = [], []
+    for i, e in enumerate(meta["output_token_logprobs"]):
+        if isinstance(e, dict):
+            lp, tok = e.get("logprob"), e.get("token_id", e.get("id"))
+        elif isinstance(e, (list, tuple)) and len(e) >= 2:
+            lp, tok = e[0], e[1]
+        else:
+            raise InputError(f"{where}: cannot read output_token_logprobs entry {i}: {e!r}")
+        ids.append(tok)
+        lps.append(lp)
+    if rec.get("output_ids") is not None and [int(t) for t in rec["output_ids"]] != [int(t) for t in ids]:
+        raise InputError(f"{where}: output_ids differ from the token ids of output_token_logprobs")
+    top = meta.get("output_top_logprobs")
+    top = None if not top or all(t is None for t in top) else [t or [] for t in top]
+    prompt = rec.get("input_ids", rec.get("prompt_token_ids"))
+    return [_record(prompt, ids, lps, top, rec.get("text"), where)]
+
+
+def _openai_token(token: str, where: str, tokenizer, ids_of: dict) -> int:
+    if token.startswith("token_id:"):
+        return _int(token[len("token_id:"):], where, "token id")
+    if tokenizer is None:
+        raise InputError(f"{where}: token strings need the model's tokenizer to map them to ids")
+    if not ids_of:
+        by_text: dict[str, list[int]] = {}
+        for i in range(len(tokenizer)):
+            by_text.setdefault(tokenizer.decode([i]), []).append(i)
+        ids_of.update(by_text)
+    found = ids_of.get(token, [])
+    if len(found) != 1:
+        why = "no token" if not found else f"{len(found)} tokens"
+        raise InputError(f"{where}: the token string {token!r} decodes from {why} of the model's tokenizer; "
+                         "dump with vLLM's return_tokens_as_token_ids or return_token_ids")
+    return found[0]
+
+
+def _openai(rec: dict, where: str, tokenizer, ids_of: dict | None = None) -> list[EngineRollout]:
+    ids_of = {} if ids_of is None else ids_of
+    out = []
+    for j, choice in enumerate(rec["choices"]):
+        w = f"{where}, choice {j}"
+        content = (choice.get("logprobs") or {}).get("content")
+        if not content:
+            raise InputError(f"{w}: no logprobs.content (request logprobs=true)")
+        lps = [c.get("logprob") for c in content]
+        given = choice.get("token_ids")
+        ids = given if given is not None else [_openai_token(c["token"], w, tokenizer, ids_of) for c in content]
+        tops = None
+        if any(c.get("top_logprobs") for c in content):
+            tops = [{_openai_token(t["token"], w, tokenizer, ids_of): t["logprob"] for t in c.get("top_logprobs") or []}
+                    for c in content]
+        text = (choice.get("message") or {}).get("content", choice.get("text"))
+        prompt = rec.get("prompt_token_ids", choice.get("prompt_token_ids"))
+        out.append(_record(prompt, ids, lps, tops, text, w))
+    return out
+
+
+SHAPES = {  # shape name → (is it this shape?, reader)
+    "mismatch": (lambda r: "response_token_ids" in r, _ours),
+    "vllm": (lambda r: isinstance(r.get("outputs"), list), _vllm),
+    "sglang": (lambda r: isinstance(r.get("meta_info"), dict) and "output_token_logprobs" in r["meta_info"], _sglang),
+    "openai": (lambda r: isinstance(r.get("choices"), list), _openai),
+}
+
+
+def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = None) -> tuple[str, list[EngineRollout]]:
+    """The shape of one decoded record and its sequences (a vLLM or OpenAI record may hold several)."""
+    if not isinstance(rec, dict):
+        raise InputError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    for shape, (matches, reader) in SHAPES.items():
+        if matches(rec):
+            w = f"{where}, {shape}"
+            return shape, (_openai(rec, w, tokenizer, _ids_of) if shape == "openai" else reader(rec, w, tokenizer))
+    raise InputError(f"{where}: not a rollout record (keys {sorted(rec)[:6]}); expected the mismatch schema or a "
+                     "vLLM, SGLang or OpenAI-compatible output")
+
+
+def _json_records(path: Path) -> list[tuple[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" or text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = data if isinstance(data, list) else [data]
+        return [(f"record {i}", rec) for i, rec in enumerate(data)]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"record {len(out)} (line {n})", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
+    return out
+
+
+def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
+    """Read a rollout dump (JSONL, JSON array or parquet; shapes in this module's docstring).
+
+    Args:
+        path: the file.
+        tokenizer: the model's tokenizer; needed only for OpenAI-compatible records whose tokens are
+            strings.
+
+    Returns:
+        A `RolloutDump` whose records are validated: integer ids, a non-empty prompt and response,
+        one finite log-prob ≤ 0 per response token.
+
+    Raises:
+        InputError: a missing or unreadable file, or a bad record (one line naming the record).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"rollouts file not found: {path}")
+    meta: dict[str, Any] = {}
+    if path.suffix == ".parquet":
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
+        raw_meta = (table.schema.metadata or {}).get(META_KEY.encode())
+        meta = json.loads(raw_meta) if raw_meta else {}
+        records = [(f"record {i} (row {i})", rec) for i, rec in enumerate(table.to_pylist())]
+    else:
+        records = _json_records(path)
+    if records and isinstance(records[0][1], dict) and set(records[0][1]) == {"meta"}:
+        meta = dict(records.pop(0)[1]["meta"])
+    shapes, out, ids_of = [], [], {}
+    for where, rec in records:
+        shape, seqs = parse_record(rec, where, tokenizer, ids_of)
+        shapes.append(shape)
+        out.extend(seqs)
+    if not out:
+        raise InputError(f"{path}: no rollout record")
+    return RolloutDump(tuple(out), str(path), tuple(dict.fromkeys(shapes)), meta)
+
+
+def write_rollouts(path: str | Path, records: list[EngineRollout], meta: dict[str, Any] | None = None) -> Path:
+    """Write records in the mismatch schema: `.parquet`, else JSONL (a `{"meta": …}` first line).
+    The file appears complete or not at all (written to a temporary name, then renamed)."""
+    path = Path(path)
+    rows = [{"prompt_token_ids": list(r.prompt_ids), "response_token_ids": list(r.response_ids),
+             "response_logprobs": list(r.logprobs),
+             **({"top_logprobs": [sorted(t.items()) for t in r.top_logprobs]} if r.top_logprobs is not None else {}),
+             **({"response_text": r.text} if r.text is not None else {})} for r in records]
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        table = pa.Table.from_pylist(rows)
+        pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta or {})}), tmp)
+    else:
+        lines = ([json.dumps({"meta": meta})] if meta else []) + [json.dumps(r) for r in rows]
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path

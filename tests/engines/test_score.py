@@ -1,0 +1,237 @@
+"""`score_rollouts`: an engine's dump scored against a checkpoint, checked against plain recomputations.
+
+The "engine" is a real perturbed copy of a tiny Llama (noise on its weights) whose sampled tokens and
+log-probs are written in each engine's output shape; the trainer is the unperturbed model.
+"""
+
+import copy
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import mismatch
+from mismatch.cli import app
+from mismatch.engines import EngineRollout, read_rollouts, score_rollouts, write_rollouts
+from mismatch.errors import InputError, VocabMismatchError
+from mismatch.models import LM
+from mismatch.rollout import sample
+from mismatch.tokenizer import vocab_fingerprint
+
+PROMPTS = ["hello there", "abc", "the quick brown fox", "2+2="]
+TOPK = 5
+
+
+def _full_logp(model, ids):
+    """`[T-1, V]` float64 log-probs predicting tokens 1.. of one unpadded sequence, by a plain forward."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """(lm, records): tiny-llama and rollouts sampled by its noisy copy, with exact top-k log-probs."""
+    lm = mismatch.load("tiny-llama")
+    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:
+        ro = sample(LM(cand, lm.tokenizer, "engine"), PROMPTS, max_new_tokens=10, seed=3)
+        records = []
+        for b in range(len(PROMPTS)):
+            attn, resp = ro.batch.attention_mask[b].bool(), ro.batch.response_mask[b].bool()
+            ids = ro.batch.input_ids[b]
+            prompt, response = ids[attn & ~resp].tolist(), ids[resp].tolist()
+            logq = _full_logp(cand, prompt + response)[len(prompt) - 1:]
+            top = []
+            for t, lq in enumerate(logq):
+                best = lq.topk(TOPK).indices.tolist()
+                top.append({i: float(lq[i]) for i in dict.fromkeys(best + [response[t]])})
+            assert [top[t][y] for t, y in enumerate(response)] == pytest.approx(ro.logprobs[b][resp].tolist(), abs=1e-5)
+            records.append(EngineRollout(tuple(prompt), tuple(response), tuple(top[t][y] for t, y in enumerate(response)),
+                                         tuple(top), lm.tokenizer.decode(response, skip_special_tokens=True)))
+    return lm, records
+
+
+def _as_vllm(r):
+    return {"prompt_token_ids": list(r.prompt_ids), "outputs": [{
+        "index": 0, "text": r.text, "token_ids": list(r.response_ids),
+        "logprobs": [{str(k): {"logprob": v, "rank": None, "decoded_token": None} for k, v in top.items()}
+                     for top in r.top_logprobs]}]}
+
+
+def _as_sglang(r):
+    return {"input_ids": list(r.prompt_ids), "text": r.text, "meta_info": {
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(r.logprobs, r.response_ids)],
+        "output_top_logprobs": [[[v, k, None] for k, v in top.items()] for top in r.top_logprobs]}}
+
+
+def _as_openai(r):
+    return {"prompt_token_ids": list(r.prompt_ids), "choices": [{
+        "index": 0, "message": {"role": "assistant", "content": r.text},
+        "logprobs": {"content": [
+            {"token": f"token_id:{t}", "logprob": lp,
+             "top_logprobs": [{"token": f"token_id:{k}", "logprob": v} for k, v in top.items()]}
+            for t, lp, top in zip(r.response_ids, r.logprobs, r.top_logprobs)]}}]}
+
+
+def _jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_statistics_equal_a_plain_recomputation(engine, tmp_path):
+    lm, records = engine
+    got = score_rollouts(lm, write_rollouts(tmp_path / "d.jsonl", records))
+    tok = got.per_token
+    logp_train, logq, seqs = [], [], []
+    for s, r in enumerate(records):  # each record alone, full logits, float64
+        logp = _full_logp(lm.model, list(r.prompt_ids + r.response_ids))[len(r.prompt_ids) - 1:]
+        logp_train += logp.gather(-1, torch.tensor(r.response_ids)[:, None]).squeeze(-1).tolist()
+        logq += list(r.logprobs)
+        seqs += [s] * len(r.response_ids)
+    assert tok["logp_ref"].tolist() == pytest.approx(logp_train, abs=2e-5)
+    assert tok["logp_cand"].tolist() == pytest.approx(logq, abs=1e-6)
+    assert tok["seq"].tolist() == seqs
+    log_r = [a - b for a, b in zip(tok["logp_ref"], tok["logp_cand"])]  # plain Python from here on
+    n = len(log_r)
+    s = got.summary
+    assert s["tokens"] == n and s["sequences"] == len(records)
+    assert s["mismatch_kl"] == pytest.approx(sum(-x for x in log_r) / n, rel=1e-9)
+    assert s["k3_mean"] == pytest.approx(sum(math.exp(x) - 1 - x for x in log_r) / n, rel=1e-9)
+    assert s["chi2_token"] == pytest.approx(sum(math.exp(2 * x) for x in log_r) / n - 1, rel=1e-9)
+    per_seq = [[x for x, q in zip(log_r, seqs) if q == k] for k in range(len(records))]
+    assert s["seq_log_ratio_abs_mean"] == pytest.approx(sum(abs(sum(v)) for v in per_seq) / len(per_seq), rel=1e-9)
+    assert s["train/train_rollout_logprob_abs_diff"] == pytest.approx(
+        sum(sum(abs(x) for x in v) / len(v) for v in per_seq) / len(per_seq), rel=1e-9)
+    assert s["train/token_mult_prob_error"] == pytest.approx(sum(math.exp(abs(x)) for x in log_r) / n, rel=1e-9)
+    assert s["rollout_corr/kl"] == s["mismatch_kl"] > 0.05  # a real mismatch was measured
+
+
+def test_every_engine_shape_gives_the_same_numbers(engine, tmp_path):
+    lm, records = engine
+    ours = score_rollouts(lm, write_rollouts(tmp_path / "d.parquet", records, {"engine": "noisy torch"}))
+    for name, shape in (("vllm", _as_vllm), ("sglang", _as_sglang), ("openai", _as_openai)):
+        got = score_rollouts(lm, _jsonl(tmp_path / f"{name}.jsonl", [shape(r) for r in records]))
+        assert name in got.candidate
+        pd.testing.assert_frame_equal(got.per_token, ours.per_token, check_exact=True)
+        assert got.summary == ours.summary
+
+
+def _full_kls(trainer, engine_model, records):
+    """Per response token (KL(p‖q), KL(q‖p)) over the whole vocabulary, float64, `[N, 2]`."""
+    out = []
+    for r in records:
+        ids = list(r.prompt_ids + r.response_ids)
+        lp = _full_logp(trainer, ids)[len(r.prompt_ids) - 1:]
+        lq = _full_logp(engine_model, ids)[len(r.prompt_ids) - 1:]
+        out += list(zip((lp.exp() * (lp - lq)).sum(-1).tolist(), (lq.exp() * (lq - lp)).sum(-1).tolist()))
+    return torch.tensor(out)
+
+
+def test_truncated_kl_is_a_lower_bound_and_exact_on_the_full_vocabulary(engine, tmp_path):
+    lm, records = engine
+    got = score_rollouts(lm, write_rollouts(tmp_path / "k.jsonl", records)).per_token
+    engine_model = copy.deepcopy(lm.model)  # the engine's full distribution, again
+    with mismatch.perturbed(engine_model, "noise:0.3", seed=3) as cand:
+        kl_fwd, kl_rev = _full_kls(lm.model, cand, records).T
+        assert (torch.tensor(got["kl_fwd_topk"].to_numpy()) <= kl_fwd + 1e-6).all()
+        assert (torch.tensor(got["kl_rev_topk"].to_numpy()) <= kl_rev + 1e-6).all()
+        assert (got["kl_rev_topk"] > 0).all() and (got["topk"] >= TOPK).all()
+        every = []  # now list every token of the vocabulary: the coarsening is the identity
+        for r in records:
+            lq = _full_logp(cand, list(r.prompt_ids + r.response_ids))[len(r.prompt_ids) - 1:]
+            every.append(EngineRollout(r.prompt_ids, r.response_ids, r.logprobs,
+                                       tuple(dict(enumerate(row.tolist())) for row in lq)))
+    exact = score_rollouts(lm, write_rollouts(tmp_path / "all.parquet", every)).per_token
+    assert (exact["topk"] == len(lm.tokenizer)).all()
+    assert exact["kl_fwd_topk"].to_numpy() == pytest.approx(kl_fwd.numpy(), rel=1e-4, abs=1e-7)
+    assert exact["kl_rev_topk"].to_numpy() == pytest.approx(kl_rev.numpy(), rel=1e-4, abs=1e-7)
+
+
+def test_the_check_on_a_dump_of_its_own_calibration_gives_its_numbers(tmp_path):
+    lm = mismatch.load("tiny-llama")
+    direct = mismatch.check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12,
+                            seed=3, presets=("slime",))
+    with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:  # the check's calibration, sampled again
+        ro = sample(LM(cand, lm.tokenizer, "engine"), PROMPTS, max_new_tokens=12, seed=3)
+    records = [EngineRollout(tuple(ids[a & ~m].tolist()), tuple(ids[m].tolist()), tuple(lp[m].tolist()))
+               for ids, a, m, lp in zip(ro.batch.input_ids, ro.batch.attention_mask.bool(),
+                                        ro.batch.response_mask.bool(), ro.logprobs)]
+    dumped = mismatch.check(lm, None, rollouts=write_rollouts(tmp_path / "cal.jsonl", records),
+                            thresholds={"mismatch_kl": 10.0}, seed=3, presets=("slime",))
+    assert dumped.calibration["tokens"] == direct.calibration["tokens"]
+    for a, b in zip(dumped.decisions, direct.decisions):
+        assert (a.metric, a.status) == (b.metric, b.status)
+        assert a.value == pytest.approx(b.value, rel=1e-4)
+        assert (a.low, a.high) == pytest.approx((b.low, b.high), rel=1e-4)
+    assert dumped.rollout.startswith("rollouts:") and dumped.recipe is None and dumped.cost is None
+
+
+def _one(**change):
+    rec = {"prompt_token_ids": [1, 72, 73], "response_token_ids": [74, 75], "response_logprobs": [-0.5, -1.0]}
+    rec.update(change)
+    return rec
+
+
+@pytest.mark.parametrize("record, message", [
+    (_one(response_token_ids=[74, 900]), "token id 900 is outside tiny-llama's vocabulary of 259"),
+    (_one(response_logprobs=[-0.5, 0.3]), "log-prob at response position 1 is 0.3"),
+    (_one(response_logprobs=[-0.5, float("nan")]), "log-prob at response position 1 is nan"),
+    (_one(response_logprobs=[-0.5]), "2 response tokens but 1 log-probs"),
+    (_one(token_ids=[1, 72, 74, 75]), "not its prompt followed by its response"),
+    (_one(prompt_token_ids=[]), "no prompt token ids"),
+    (_one(response_text="zz"), "another tokenizer?"),
+    (_one(prompt_token_ids=[1] * 200), "longer than tiny-llama's context of 128"),
+    ({"prompt_token_ids": [1, 72], "outputs": [{"token_ids": [74], "logprobs": [{"75": -0.1}]}]},
+     "lack the sampled token 74"),
+    ({"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}}]}, "no logprobs.content"),
+    ({"foo": 1}, "not a rollout record"),
+])
+def test_bad_records_are_one_line_errors_naming_the_record(tiny, tmp_path, record, message):
+    lm = tiny("tiny-llama")
+    path = _jsonl(tmp_path / "bad.jsonl", [_one(), record])
+    with pytest.raises(InputError) as err:
+        score_rollouts(lm, path)
+    text = str(err.value)
+    assert message in text and "\n" not in text
+    assert "record 1 (line 2" in text
+
+
+def test_tokenizer_mismatch_from_the_metadata_and_missing_files(tiny, tmp_path):
+    lm = tiny("tiny-llama")
+    rows = [{"meta": {"vocab_fingerprint": "0" * 64}}, _one()]
+    with pytest.raises(VocabMismatchError, match="another tokenizer"):
+        score_rollouts(lm, _jsonl(tmp_path / "m.jsonl", rows))
+    rows[0] = {"meta": {"vocab_fingerprint": vocab_fingerprint(lm.tokenizer), "vocab_size": 259}}
+    assert score_rollouts(lm, _jsonl(tmp_path / "ok.jsonl", rows)).summary["tokens"] == 2
+    with pytest.raises(InputError, match="rollouts file not found"):
+        score_rollouts(lm, tmp_path / "missing.jsonl")
+    (tmp_path / "broken.jsonl").write_text(json.dumps(_one()) + "\n{not json\n")
+    with pytest.raises(InputError, match="line 2 is not valid JSON"):
+        read_rollouts(tmp_path / "broken.jsonl")
+
+
+def test_openai_token_strings_map_through_the_tokenizer(tiny, tmp_path):
+    lm = tiny("tiny-llama")
+    ids = lm.tokenizer("hi!", add_special_tokens=False)["input_ids"]
+    rec = {"prompt_token_ids": [1, 72], "choices": [{"message": {"content": "hi!"}, "logprobs": {"content": [
+        {"token": lm.tokenizer.decode([t]), "logprob": -0.25, "top_logprobs": []} for t in ids]}}]}
+    dump = read_rollouts(_jsonl(tmp_path / "o.jsonl", [rec]), lm.tokenizer)
+    assert dump.records[0].response_ids == tuple(ids) and dump.shapes == ("openai",)
+    rec["choices"][0]["logprobs"]["content"][0]["token"] = "\ufffd"  # every byte ≥ 0x80 decodes to U+FFFD alone
+    with pytest.raises(InputError, match="decodes from 128 tokens"):
+        read_rollouts(_jsonl(tmp_path / "amb.jsonl", [rec]), lm.tokenizer)
+
+
+def test_cli_prints_the_summary_and_writes_the_per_token_table(engine, tmp_path):
+    lm, records = engine
+    path = write_rollouts(tmp_path / "d.jsonl", records)
+    res = CliRunner().invoke(app, ["score-rollouts", "tiny-llama", str(path), "--json", "--out", str(tmp_path / "t.parquet")])
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout[res.stdout.index("{"):])
+    want = score_rollouts(lm, path)
+    assert {k: printed[k] for k in want.summary} == pytest.approx(want.summary, rel=1e-12)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), want.per_token)
+    bad = CliRunner().invoke(app, ["score-rollouts", "tiny-llama", str(tmp_path / "none.jsonl")])
+    assert bad.exit_code == 2 and bad.output.strip().count("\n") == 0 and "not found" in bad.output
