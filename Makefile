@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-kernels reproduce-figures bench clean
+.PHONY: install engines test test-kernels test-engines reproduce-figures bench clean
 
 install: $(STAMP)
 
@@ -30,6 +30,15 @@ $(STAMP): pyproject.toml requirements.lock
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)"
 	touch $@
 
+# llama.cpp (llama-cpp-python, the optional `engines` extra) builds from source: ~10 minutes on 2 cores.
+ENGINES := $(VENV)/.engines
+engines: $(ENGINES)
+
+$(ENGINES): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[engines]'
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import llama_cpp"
+	touch $@
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not kernels"
 
@@ -37,6 +46,10 @@ test: $(STAMP)
 # (~53 s on 2 cores, once per environment). CI runs this after `make test`.
 test-kernels: $(STAMP)
 	$(BIN)/python -m pytest -q -m kernels
+
+# The llama.cpp tests (`make test` skips them while the extra is absent). CI runs this last.
+test-engines: $(ENGINES)
+	$(BIN)/python -m pytest -q -m engines
 
 RESULTS := results
 # The study of sweeps/paper.toml (static probes of the three students and SmolLM2 under every spec,

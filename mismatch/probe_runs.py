@@ -20,9 +20,11 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.layout import model_layout
-from mismatch.models import LM, load, parse_dtype, weights_digest
-from mismatch.pairs.registry import member_spec
+from mismatch.models import LM, parse_dtype, weights_digest
+from mismatch.pairs.registry import load_member, member_spec
+from mismatch.engines.llamacpp import open_engine
 from mismatch.perturb import parse_spec, perturbed, select
+from mismatch.perturb.configs import EngineConfig
 from mismatch.perturb.scope import first_block
 from mismatch.probes import DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, TOKEN_COLUMNS, ProbeResult, probe, reference
 from mismatch.results import ResultsWriter, provenance, tidy
@@ -66,6 +68,8 @@ class ProbeConfig:
             raise InputError("give a candidate model or at least one perturbation spec")
         if self.each_layer and not specs:
             raise InputError("the per-block isolation map needs at least one perturbation spec")
+        if self.each_layer and any(isinstance(parse_spec(s), EngineConfig) for s in specs):
+            raise InputError("an engine runs the whole model: no per-block isolation map of engine specs")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise InputError(f"max_prompts must be ≥ 1, got {self.max_prompts}")
         parse_dtype(self.ref_dtype), parse_dtype(self.cand_dtype)
@@ -110,6 +114,16 @@ def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[st
                     chunk_tokens=chunk_tokens, cache_logprobs=cache, keep_block_outputs=keep_blocks)
     results = []
     for spec in specs:
+        engine = parse_spec(spec)
+        if isinstance(engine, EngineConfig):  # the whole model runs in the engine: no scope, no layers
+            if status is not None:
+                status(f"probing {batch.response_tokens} tokens in {engine.engine} ({engine.weights})…")
+            result = probe(ref, open_engine(ref_lm, engine.weights, engine.kv), per_layer=False, clip=clip,
+                           chunk_tokens=chunk_tokens)
+            results.append(CandidateResult(spec, "all", result))
+            if on_result is not None:
+                on_result(results[-1])
+            continue
         for scope in scopes:
             if status is not None:
                 status(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")
@@ -145,12 +159,6 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
             "prompts_sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16],
             **model_digests(config),
             "per_layer": config.per_layer, "chunk_tokens": config.chunk_tokens}
-
-
-def load_member(spec: str, **kwargs) -> LM:
-    """`mismatch.load`, also of a pair's model (`PAIR:student`, `PAIR:teacher`), named by `spec`."""
-    lm = load(member_spec(spec), **kwargs)
-    return LM(lm.model, lm.tokenizer, spec)
 
 
 def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite: bool = False,

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout, replay_prefix
+from mismatch.layout import (Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout, replay_prefix,
+                             token_chunks)
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
 from mismatch.perturb import active_perturbations
@@ -325,6 +326,20 @@ class ProbeResult:
     candidate: str
 
 
+class ExternalLM:
+    """A candidate run outside PyTorch (an inference engine: `mismatch.engines.llamacpp`), known by
+    its logits only. Subclasses set `name`, `vocab_size` and `context_length` (tokens, or None) and
+    implement `sequence_logits(ids) -> [len(ids), V]` fp32 logits at every position of one unpadded
+    sequence. `probe` scores them with the same metric code as any model (no per-layer metrics)."""
+
+    name: str
+    vocab_size: int
+    context_length: int | None
+
+    def sequence_logits(self, ids: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+
 def _check_finite(values_C: torch.Tensor, side: str, ref: Reference, rows: slice) -> None:
     bad = ~torch.isfinite(values_C)
     if bool(bad.any()):
@@ -349,7 +364,8 @@ def probe(
     Args:
         reference: the reference model (`p`), an `LM`, or a `Reference` computed once by
             `mismatch.reference` (then `input_ids` may be None and the masks must be None).
-        candidate: the candidate model (`q`), e.g. a quantized or perturbed copy.
+        candidate: the candidate model (`q`), e.g. a quantized or perturbed copy, or an `ExternalLM`
+            (an engine known by its logits; then `per_layer` must be False).
         input_ids: `[B, T]` token ids; attention_mask / response_mask `[B, T]` (see `score_mask`).
         per_layer: compare hidden states of every layer (needs both models to have the same
             number of layers and width).
@@ -371,6 +387,9 @@ def probe(
         raise InputError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
     if not clip > 1.0:
         raise InputError(f"clip must be > 1, got {clip}")
+    if isinstance(candidate, ExternalLM):
+        return _probe_external(reference, candidate, input_ids, attention_mask, response_mask, per_layer, clip,
+                               chunk_tokens)
     ref = _as_reference(reference, input_ids, attention_mask, response_mask, per_layer)
     cand_model, cand_fp, cand_name = _unwrap(candidate)
     head = Head.of(cand_model)
@@ -440,3 +459,38 @@ def _token_metrics(ref: Reference, head: Head, hidden_ND: torch.Tensor, cand_nam
         _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
         parts.append(metrics)
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _probe_external(reference, cand: ExternalLM, input_ids, attention_mask, response_mask, per_layer: bool,
+                    clip: float, chunk_tokens: int) -> ProbeResult:
+    """`probe` of an engine: its logits, one sequence at a time, through the same metric code."""
+    if per_layer:
+        raise InputError(f"{cand.name} runs outside PyTorch: no per-layer metrics; use per_layer=False")
+    ref = _as_reference(reference, input_ids, attention_mask, response_mask, per_layer=False)
+    if cand.vocab_size != ref.head.vocab_size:
+        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
+                                 f"{cand.name} has {cand.vocab_size}")
+    attn = ref.attention_mask.bool()
+    if bool((attn.long().diff(dim=1).abs().sum(1) > 2).any()):
+        raise InputError(f"{cand.name} needs each sequence's attended tokens contiguous (padding at the ends only)")
+    if cand.context_length is not None and int(ref.position_ids.max()) + 1 > cand.context_length:
+        raise InputError(f"sequence of {int(ref.position_ids.max()) + 1} tokens is longer than {cand.name}'s "
+                         f"context of {cand.context_length}")
+    parts = []
+    for s in torch.unique(ref.seq).tolist():
+        rows_s = (ref.seq == s).nonzero().squeeze(1)  # contiguous: the reference's rows are sequence-major
+        logits_TV = cand.sequence_logits(ref.input_ids[s][attn[s]].tolist())
+        for part in token_chunks(len(rows_s), chunk_tokens):
+            at = slice(int(rows_s[part.start]), int(rows_s[part.stop - 1]) + 1)
+            lq = torch.log_softmax(logits_TV[ref.pos[at] - 1].float(), dim=-1)
+            lp = (ref.logp[at] if ref.logp is not None else
+                  torch.log_softmax(ref.head.logits(ref.head_input[at]), dim=-1))
+            metrics = token_metrics_(lp, lq, ref.token[at], ref_shared=ref.logp is not None)
+            _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
+            _check_finite(metrics["logp_cand"], f"candidate {cand.name}", ref, at)
+            parts.append(metrics)
+    tok = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
+    per_token = pd.DataFrame({k: v.cpu().numpy() for k, v in columns.items()})[list(TOKEN_COLUMNS)]
+    return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)),
+                       summary=summarize(tok, ref.seq, clip), reference=ref.name, candidate=cand.name)

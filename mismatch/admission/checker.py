@@ -34,10 +34,9 @@ from mismatch.engines import score_rollouts
 from mismatch.errors import InputError
 from mismatch.metrics import sampled_token_metrics
 from mismatch.models import LM, context_length
-from mismatch.pairs.registry import PAIRS
+from mismatch.pairs.registry import PAIRS, load_member
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.spec import ReuseConfig, StaleConfig
-from mismatch.probe_runs import load_member
 from mismatch.probes import probe, reference
 from mismatch.rollout import Batch, encode, generate, read_prompts
 

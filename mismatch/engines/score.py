@@ -24,6 +24,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import Head, head_inputs, logprob_chunks
 from mismatch.metrics import rollout_stats, sampled_summary, sampled_token_metrics
 from mismatch.models import LM, context_length
+from mismatch.pairs.registry import load_member
 from mismatch.positions import response_index
 from mismatch.probes import LAYER_COLUMNS, ProbeResult
 from mismatch.rollout import pad_id
@@ -178,12 +179,7 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
     """
     if not clip > 1.0:
         raise InputError(f"clip must be > 1, got {clip}")
-    if isinstance(model, LM):
-        lm = model
-    else:
-        from mismatch.probe_runs import load_member
-
-        lm = load_member(model)
+    lm = model if isinstance(model, LM) else load_member(model)
     dump = rollouts if isinstance(rollouts, RolloutDump) else read_rollouts(rollouts, lm.tokenizer)
     check_dump(dump, lm, check_text=check_text)
     parts, first = [], 0

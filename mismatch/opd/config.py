@@ -19,6 +19,8 @@ import pandas as pd
 
 from mismatch.opd.losses import get_loss
 from mismatch.opd.ring import NO_ROLLOUT_SPECS, split_rollout_spec
+from mismatch.perturb import parse_spec
+from mismatch.perturb.configs import EngineConfig
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 
@@ -73,6 +75,10 @@ class OPDConfig:
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
         split_rollout_spec(self.rollout, self.staleness)  # a bad spec fails here, before any work
+        engine = self.rollout_spec and parse_spec(self.rollout_spec)
+        if isinstance(engine, EngineConfig) and (engine.weights == "gguf" or self.temperature != 1.0 or self.top_p):
+            raise ValueError(f"an {engine.engine} rollout copy is re-exported from the trained weights at "
+                             "temperature 1 without top_p (not from its original GGUF file)")
 
     @property
     def rollout_spec(self) -> str | None:

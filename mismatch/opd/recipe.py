@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from mismatch.engines.llamacpp import engine_rollout
 from mismatch.errors import InputError, NumericsError
 from mismatch.layout import Head, head_inputs, is_identity_warp, logprob_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
@@ -177,7 +178,7 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
         calib = torch.tensor([encode(pair.student.tokenizer, train_pool[:1], chat=pair.chat,
                                      context=pair.student_context)[0]])
     copy = RolloutCopy(pair.student.model, spec, config.rollout_staleness, layers=config.layers, seed=config.seed,
-                       calibration_ids=calib,
+                       calibration_ids=calib, tokenizer=pair.student.tokenizer,
                        share=config.rollout in NO_ROLLOUT_SPECS or config.rollout_reuse > 1)  # reuse: no copy needed
     opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(config.adam_beta1, 0.999))
@@ -190,9 +191,14 @@ def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Rollout
     """Step 1: the rollout copy's samples of `prompts` (seeded by the run's seed and `step`) with its
     own log-probs, and the same response tokens after the teacher's prompt encoding."""
     pair, cfg = run.pair, run.config
-    rollout_lm = LM(run.rollout_copy.model, pair.student.tokenizer, f"rollout[{cfg.rollout}]")
-    rollout = sample(rollout_lm, prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
-                     top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step, chat=pair.chat, context=pair.student_context)
+    seed = cfg.seed * 1_000_003 + step
+    if run.rollout_copy.engine is not None:
+        rollout = engine_rollout(run.rollout_copy.engine, pair.student.tokenizer, prompts, seed=seed,
+                                 max_new_tokens=run.max_new_tokens, chat=pair.chat, context=pair.student_context)
+    else:
+        rollout_lm = LM(run.rollout_copy.model, pair.student.tokenizer, f"rollout[{cfg.rollout}]")
+        rollout = sample(rollout_lm, prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
+                         top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context)
     t_batch = rollout.batch if pair.teacher_context == pair.student_context else reprompt(
         rollout.batch, pair.teacher.tokenizer, prompts, chat=pair.chat, context=pair.teacher_context)
     return rollout, t_batch

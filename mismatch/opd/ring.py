@@ -6,19 +6,25 @@ the student's weights in a ring of the last K + 1 versions and loads the oldest 
 copy of the model, then re-applies the rollout perturbation (re-quantizing / re-noising those
 weights). Before K steps have passed the oldest version is the initial one (pipeline warm-up).
 With no perturbation and K = 0 the rollout model is the student itself (no copy), unless asked
-for a copy (`stale:0`, which must and does reproduce the clean run bit for bit).
+for a copy (`stale:0`, which must and does reproduce the clean run bit for bit). With an engine spec
+(`engine:llama.cpp,…`) the served weights are exported to the engine after every refresh and the
+engine samples the rollouts (`engine`).
 """
 
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections import deque
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from mismatch.engines.llamacpp import open_engine
+from mismatch.models import LM
 from mismatch.perturb import perturb_, restore_
-from mismatch.perturb.spec import ReuseConfig, StaleConfig, parse_spec
+from mismatch.perturb.spec import EngineConfig, ReuseConfig, StaleConfig, parse_spec
 
 
 NO_ROLLOUT_SPECS = ("", "none")  # rollout specs meaning "no perturbation": the student's own weights
@@ -51,13 +57,18 @@ class RolloutCopy:
         calibration_ids: for `quanto-…:a8` specs.
         share: with no perturbation and K = 0, serve the student itself instead of a copy that
             is reloaded with the current weights each step (the same numbers, less work).
+        tokenizer: the student's tokenizer, needed to export to an engine.
     """
 
     def __init__(self, student: nn.Module, spec: str | None = None, staleness: int = 0, *,
                  layers: str = "linear", seed: int = 0, calibration_ids: torch.Tensor | None = None,
-                 share: bool = True) -> None:
+                 share: bool = True, tokenizer=None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {staleness}")
+        config = parse_spec(spec) if spec is not None else None
+        self.engine_config = config if isinstance(config, EngineConfig) else None
+        if self.engine_config is not None:  # the served weights run in the engine, unperturbed here
+            spec, share = None, True
         self.student, self.spec, self.staleness = student, spec, staleness
         self.layers, self.seed, self.calibration_ids = layers, seed, calibration_ids
         self.version = 0  # optimizer steps of the student so far
@@ -70,6 +81,19 @@ class RolloutCopy:
             self.ring.append((0, self._weights()))
         self._snapshot = None
         self._perturb()
+        self.engine, self.tokenizer = None, tokenizer
+        self._engine_dir = tempfile.TemporaryDirectory(prefix="mismatch-engine-") if self.engine_config else None
+        self._export()
+
+    def _export(self) -> None:
+        """With an engine spec: export the served weights and (re)open the engine on them."""
+        if self.engine_config is None:
+            return
+        if self.engine is not None:
+            self.engine.close()
+        cfg = self.engine_config
+        self.engine = open_engine(LM(self.model, self.tokenizer, "rollout"), cfg.weights, cfg.kv,
+                                  path=Path(self._engine_dir.name) / "rollout.gguf")
 
     def _weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.student.state_dict().items()}
@@ -84,6 +108,7 @@ class RolloutCopy:
         self.version += 1
         if self.is_student:
             self.served_version = self.version
+            self._export()
             return
         self.ring.append((self.version, self._weights()))
         if self._snapshot is not None:
@@ -93,3 +118,4 @@ class RolloutCopy:
         with torch.no_grad():
             self.model.load_state_dict(weights)
         self._perturb()
+        self._export()

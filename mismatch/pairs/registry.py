@@ -398,6 +398,12 @@ def member_spec(spec: str) -> str:
     return pair.student if role == "student" else pair.teacher
 
 
+def load_member(spec: str, **kwargs) -> LM:
+    """`mismatch.load`, also of a pair's model (`PAIR:student`, `PAIR:teacher`), named by `spec`."""
+    lm = load(member_spec(spec), **kwargs)
+    return LM(lm.model, lm.tokenizer, spec)
+
+
 def pair_digest(name: str) -> str:
     """16 hex digits identifying the data pair `name` reads — its weights (file contents), prompt
     file and build recipe — computed without loading it; part of an OPD run's id.

@@ -257,4 +257,43 @@ class ReuseConfig:
         return f"reuse:{self.steps}"
 
 
-PerturbConfig = FP8Config | IntConfig | DtypeConfig | NoiseConfig | BnbConfig | QuantoConfig | StaleConfig | ReuseConfig
+ENGINES = ("llama.cpp",)
+GGUF_WEIGHTS = ("f32", "f16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "gguf")  # gguf: the file the model came from
+KV_CACHE = ("f16", "f32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Another inference engine runs the candidate / rollout copy: `engine:llama.cpp[,WEIGHTS][,kv-f32]`.
+    `weights`: the GGUF weight type the model is exported with (`gguf`: the GGUF file it was loaded
+    from); `kv`: the engine's KV cache type (llama.cpp's default f16)."""
+
+    engine: str = "llama.cpp"
+    weights: str = "f32"
+    kv: str = "f16"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown engine {self.engine!r}; valid: {', '.join(ENGINES)}")
+        if self.weights not in GGUF_WEIGHTS:
+            raise InputError(f"unknown GGUF weight type {self.weights!r}; valid: {', '.join(GGUF_WEIGHTS)}")
+        if self.kv not in KV_CACHE:
+            raise InputError(f"unknown KV cache type {self.kv!r}; valid: {', '.join(KV_CACHE)}")
+
+    @classmethod
+    def from_spec(cls, text: SpecText) -> EngineConfig:
+        if not text.options:
+            raise InputError(f"engine needs a name: engine:{ENGINES[0]}[,WEIGHTS][,kv-f32]")
+        engine, *rest = text.options
+        weights = [o for o in rest if not o.startswith("kv-")]
+        kv = [o[3:] for o in rest if o.startswith("kv-")]
+        if len(weights) > 1 or len(kv) > 1:
+            raise InputError(f"{text.spec}: at most one weight type and one kv-TYPE")
+        return cls(engine=engine, weights=weights[0] if weights else "f32", kv=kv[0] if kv else "f16")
+
+    def __str__(self) -> str:
+        return f"engine:{self.engine},{self.weights}" + (f",kv-{self.kv}" if self.kv != "f16" else "")
+
+
+PerturbConfig = (FP8Config | IntConfig | DtypeConfig | NoiseConfig | BnbConfig | QuantoConfig | StaleConfig | ReuseConfig
+                 | EngineConfig)

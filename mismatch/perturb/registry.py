@@ -29,6 +29,7 @@ class Backend(StrEnum):
     TORCH = "torch"
     BITSANDBYTES = "bitsandbytes"
     QUANTO = "optimum-quanto"
+    ENGINE = "engine"  # another inference engine runs the model: a probe candidate or an OPD rollout source
     OPD = "OPD only"  # realised by the OPD rollout copy, never applied to a model in place
 
 

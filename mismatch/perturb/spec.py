@@ -3,18 +3,19 @@
 `parse_spec` splits a spec, looks its kind up in `mismatch.perturb.registry` and lets that kind's
 config class parse the options; `str(config)` round-trips and `dataclasses.asdict(config)` gives
 result columns. The kinds register themselves in the modules that implement them, imported here:
-`native` (torch rounding, dtype, noise), `backends` (bitsandbytes, optimum-quanto) and
-`trajectory` (OPD-only kinds). `render_spec_table()` lists them all (README's spec table).
+`native` (torch rounding, dtype, noise), `backends` (bitsandbytes, optimum-quanto), `trajectory`
+(OPD-only kinds) and `external` (another engine). `render_spec_table()` lists them all (README's spec table).
 """
 
 from __future__ import annotations
 
 from mismatch.errors import InputError
-from mismatch.perturb import backends, native, trajectory  # noqa: F401  (importing them registers their kinds)
+from mismatch.perturb import backends, external, native, trajectory  # noqa: F401  (importing them registers their kinds)
 from mismatch.perturb.configs import (
     FP8_GRANULARITIES,
     BnbConfig,
     DtypeConfig,
+    EngineConfig,
     FP8Config,
     IntConfig,
     NoiseConfig,
@@ -26,7 +27,7 @@ from mismatch.perturb.configs import (
 )
 from mismatch.perturb.registry import kind_named, kind_names, valid_kinds
 
-__all__ = ["FP8_GRANULARITIES", "KINDS", "BnbConfig", "DtypeConfig", "FP8Config", "IntConfig", "NoiseConfig",
+__all__ = ["FP8_GRANULARITIES", "KINDS", "BnbConfig", "DtypeConfig", "EngineConfig", "FP8Config", "IntConfig", "NoiseConfig",
            "PerturbConfig", "QuantoConfig", "ReuseConfig", "StaleConfig",
            "parse_spec"]
 

@@ -235,3 +235,13 @@ def test_cli_prints_the_summary_and_writes_the_per_token_table(engine, tmp_path)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), want.per_token)
     bad = CliRunner().invoke(app, ["score-rollouts", "tiny-llama", str(tmp_path / "none.jsonl")])
     assert bad.exit_code == 2 and bad.output.strip().count("\n") == 0 and "not found" in bad.output
+
+
+def test_without_the_llama_cpp_extra_an_engine_is_a_one_line_error(tiny, monkeypatch):
+    import sys
+
+    from mismatch.engines.llamacpp import open_engine
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as on a machine without the extra
+    with pytest.raises(mismatch.ModelNotAvailableError, match=r"llama.cpp is not installed: `make engines`"):
+        open_engine(tiny("tiny-llama"))
