@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install engines test test-kernels test-engines reproduce-figures bench clean
+.PHONY: install engines test test-kernels test-engines reproduce-figures reproduce-engines bench bench-engines clean
 
 install: $(STAMP)
 
@@ -59,12 +59,21 @@ reproduce-figures: $(STAMP)
 	$(BIN)/mismatch sweep sweeps/paper.toml --out $(RESULTS)/paper --workers 2 --resume
 	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
 
+# The study's engine rows (sweeps/engines.toml: llama.cpp beside its simulated twins) into the same dataset,
+# after the main study (resumed: nothing done is run again), then the reports of both.
+reproduce-engines: reproduce-figures $(ENGINES)
+	$(BIN)/mismatch sweep sweeps/engines.toml --out $(RESULTS)/paper --workers 2 --resume
+	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py
 	$(BIN)/python benchmarks/bench_perturb.py
 	$(BIN)/python benchmarks/bench_opd.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_check.py
+
+bench-engines: $(ENGINES)
+	$(BIN)/python benchmarks/bench_engines.py
 
 clean:
 	rm -rf $(VENV) $(RESULTS)

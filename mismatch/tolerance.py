@@ -51,8 +51,8 @@ def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
 
 def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
     """`(source, level)` of a rollout: `("clean", 0)`, `("noise", σ)`, `("stale", K)`,
-    `("reuse", R)`, or `("format", spec)` for every other spec (`stale:K` on a spec: that spec's
-    format with `+ stale:K`)."""
+    `("reuse", R)`, or `("format", spec)` for every other spec, another engine's included (`stale:K`
+    on a spec: that spec's format with `+ stale:K`)."""
     if rollout in ("", "none"):
         return ("stale", staleness) if staleness else ("clean", 0)
     config = parse_spec(rollout)

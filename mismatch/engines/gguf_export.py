@@ -1,6 +1,7 @@
 """Write a `transformers` causal LM to a GGUF file that llama.cpp runs, with the `gguf` package.
 
-Architectures: Llama (SmolLM2, `tiny-llama`) and Qwen3 (`tiny-qwen3`, the `reverse-qwen3` pair). Weight
+Architectures: Llama (SmolLM2, `tiny-llama`), Qwen3 (`tiny-qwen3`, the `reverse-qwen3` pair) and GPT-2
+(`tiny-gpt2`, the `sort-gpt2` pair; its Conv1D weights are transposed to llama.cpp's [out, in]). Weight
 types: `f32`, `f16`, and llama.cpp's block formats `q8_0`, `q5_0`, `q5_1`, `q4_0`, `q4_1` (blocks of 32
 along each row, one scale per block; quantized by the `gguf` package's reference implementation).
 Like llama.cpp's own converter and quantizer:
@@ -28,7 +29,8 @@ from mismatch.errors import InputError
 from mismatch.models import LM
 from mismatch.perturb.configs import GGUF_WEIGHTS
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2"}
+GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out]: transposed for GGUF
 WEIGHT_TYPES = tuple(w for w in GGUF_WEIGHTS if w != "gguf")  # f32, f16 and llama.cpp's block formats
 BLOCK = 32  # values per block of every llama.cpp block format above
 
@@ -72,8 +74,19 @@ def _tokenizer_fields(writer, tokenizer, vocab_size: int) -> None:
 
 
 def _hparams(writer, cfg, arch: str, name: str) -> None:
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer.add_name(name)
+    if arch == "gpt2":
+        if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise InputError(f"GGUF export of GPT-2 needs the tanh GELU llama.cpp runs, not {cfg.activation_function}")
+        writer.add_context_length(int(cfg.n_positions))
+        writer.add_embedding_length(int(cfg.n_embd))
+        writer.add_block_count(int(cfg.n_layer))
+        writer.add_feed_forward_length(int(cfg.n_inner or 4 * cfg.n_embd))
+        writer.add_head_count(int(cfg.n_head))
+        writer.add_layer_norm_eps(float(cfg.layer_norm_epsilon))
+        writer.add_vocab_size(int(cfg.vocab_size))
+        return
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer.add_context_length(int(cfg.max_position_embeddings))
     writer.add_embedding_length(int(cfg.hidden_size))
     writer.add_block_count(int(cfg.num_hidden_layers))
@@ -88,6 +101,17 @@ def _hparams(writer, cfg, arch: str, name: str) -> None:
     writer.add_vocab_size(int(cfg.vocab_size))
     if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
         raise InputError(f"GGUF export of {arch} with biases is not supported")
+
+
+def _gguf_tensor(arch: str, cfg, hf_name: str, tensor: torch.Tensor) -> np.ndarray:
+    """The fp32 array llama.cpp expects for a Hugging Face parameter (transposed, permuted)."""
+    data = tensor.detach().to(torch.float32).numpy()
+    base = hf_name.rsplit(".", 1)[0]
+    if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+        data = _permute_rope(data, cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads)
+    if arch == "gpt2" and base.endswith(GPT2_CONV1D) and data.ndim == 2:
+        data = data.T
+    return np.ascontiguousarray(data)
 
 
 def write_gguf(lm: LM, path: str | Path, weights: str = "f32") -> dict[str, str]:
@@ -106,10 +130,11 @@ def write_gguf(lm: LM, path: str | Path, weights: str = "f32") -> dict[str, str]
     """
     import gguf
 
-    model, cfg = lm.model, lm.model.config
+    model = lm.model
     arch = ARCHITECTURES.get(type(model).__name__)
     if arch is None:
         raise InputError(f"GGUF export supports {', '.join(ARCHITECTURES)}; {lm.name} is {type(model).__name__}")
+    cfg = model.config
     if weights not in WEIGHT_TYPES:
         raise InputError(f"unknown GGUF weight type {weights!r}; one of {', '.join(WEIGHT_TYPES)}")
     path = Path(path)
@@ -117,26 +142,20 @@ def write_gguf(lm: LM, path: str | Path, weights: str = "f32") -> dict[str, str]
     writer = gguf.GGUFWriter(str(tmp), arch)
     _hparams(writer, cfg, arch, lm.name)
     _tokenizer_fields(writer, lm.tokenizer, int(cfg.vocab_size))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA if arch == "llama" else gguf.MODEL_ARCH.QWEN3,
-                                     int(cfg.num_hidden_layers))
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), int(cfg.num_hidden_layers))
     qtype = getattr(gguf.GGMLQuantizationType, weights.upper())
     written: dict[str, str] = {}
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    for hf_name, tensor in model.state_dict().items():
-        if tied and hf_name == "lm_head.weight":
-            continue
+    for hf_name, tensor in model.named_parameters():  # a tied head is the embedding, listed once: not written
         base, suffix = hf_name.rsplit(".", 1)
         mapped = names.get_name(base)
         if mapped is None:
             raise InputError(f"GGUF export: no llama.cpp name for {hf_name}")
-        data = tensor.detach().to(torch.float32).numpy()
-        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
-            data = _permute_rope(data, cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads)
+        data = _gguf_tensor(arch, cfg, hf_name, tensor)
         out_type = gguf.GGMLQuantizationType.F32
         if data.ndim == 2 and weights != "f32":
             out_type = qtype if weights == "f16" or data.shape[1] % BLOCK == 0 else gguf.GGMLQuantizationType.F16
         if out_type == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(f"{mapped}.{suffix}", np.ascontiguousarray(data))
+            writer.add_tensor(f"{mapped}.{suffix}", data)
         else:
             writer.add_tensor(f"{mapped}.{suffix}", gguf.quants.quantize(data, out_type), raw_dtype=out_type)
         written[f"{mapped}.{suffix}"] = out_type.name

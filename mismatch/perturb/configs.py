@@ -294,6 +294,13 @@ class EngineConfig:
     def __str__(self) -> str:
         return f"engine:{self.engine},{self.weights}" + (f",kv-{self.kv}" if self.kv != "f16" else "")
 
+    @property
+    def weight_bits(self) -> float:
+        """Stored bits per 2-D weight: 32, 16, or a block format's bits plus its fp16 scale (and minimum)
+        per 32 values (q8_0 8.5, q5_0 5.5, q5_1 6, q4_0 4.5, q4_1 5); NaN for `gguf` (the file's own mix)."""
+        return {"f32": 32.0, "f16": 16.0, "q8_0": 8.5, "q5_0": 5.5, "q5_1": 6.0, "q4_0": 4.5,
+                "q4_1": 5.0}.get(self.weights, float("nan"))
+
 
 PerturbConfig = (FP8Config | IntConfig | DtypeConfig | NoiseConfig | BnbConfig | QuantoConfig | StaleConfig | ReuseConfig
                  | EngineConfig)

@@ -8,7 +8,8 @@ hands each kind's rows to its writer:
     `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
     probe runs on pair students beside them) and `report.admission.write_admission_report` (the
     admission thresholds such a study fits and their leave-one-pair-out validation) and
-    `report.frontier.write_frontier_report` (each configuration's analytic cost beside its verdict).
+    `report.frontier.write_frontier_report` (each configuration's analytic cost beside its verdict) and
+    `report.engines.write_engines_report` (llama.cpp beside its simulated twins, when present).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.report.admission import write_admission_report
+from mismatch.report.engines import write_engines_report
 from mismatch.report.frontier import write_frontier_report
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
-from mismatch.tolerance import run_table
+from mismatch.tolerance import level_table, run_table
 
 
 def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
@@ -41,6 +43,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
         written += write_sweep_report(rows, out_dir, **tol)
         written += write_admission_report(rows, out_dir, sources=sources or ["results"], **tol)
         written += write_frontier_report(rows, out_dir, **tol)
+        written += write_engines_report(rows, out_dir, levels=level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol))
     return written
 
 
@@ -50,4 +53,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10
     return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=[str(p) for p in paths])
 
 
-__all__ = ["report", "write_admission_report", "write_frontier_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]
+__all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

@@ -185,6 +185,8 @@ def block_figure(students: pd.DataFrame):
 def static_dynamic_figure(students: pd.DataFrame, levels: pd.DataFrame):
     """Each format's static probe kl_fwd_mean on a pair's student (all linears) vs its dynamic Δ accuracy."""
     whole = students[~students["layers"].map(is_isolation)]
+    whole = whole.assign(first=whole["layers"] != "linear").sort_values("first", kind="stable").drop_duplicates(
+        ["pair", "perturb"])  # one static point per format: its `linear` scope where it ran several
     formats = levels[levels["source"] == "format"]
     joined = formats.merge(whole[["pair", "perturb", "kl_fwd_mean"]], left_on=["pair", "level"],
                            right_on=["pair", "perturb"])

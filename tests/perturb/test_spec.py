@@ -29,6 +29,8 @@ CANONICAL = {
     "quanto-fp8:a8": {"weights": "fp8", "activations": True},
     "stale:4": {"steps": 4},
     "reuse:4": {"steps": 4},
+    "engine:llama.cpp,f32": {"engine": "llama.cpp", "weights": "f32", "kv": "f16"},
+    "engine:llama.cpp,q4_1,kv-f32": {"engine": "llama.cpp", "weights": "q4_1", "kv": "f32"},
 }
 
 
@@ -56,6 +58,8 @@ def test_aliases_and_defaults():
     ("dtype:fp64", "valid: bf16, fp16"), ("bnb-int8:x", "takes no options"),
     ("quanto-int2", "valid kinds"), ("quanto-int8:w8", "only the option a8"), ("stale:-1", "≥ 0"), ("reuse:0", "≥ 1"), ("reuse:x", "reuse:4"),
     ("", "valid kinds"), ("fp8-e4m3:tensor,channel", "one scale"),
+    ("engine", "needs a name"), ("engine:vllm", "unknown engine 'vllm'"), ("engine:llama.cpp,q3_k", "valid: f32"),
+    ("engine:llama.cpp,f16,q8_0", "at most one weight type"), ("engine:llama.cpp,kv-q8", "unknown KV cache type"),
 ])
 def test_bad_specs(spec, message):
     with pytest.raises(InputError, match=message) as info:
@@ -65,5 +69,5 @@ def test_bad_specs(spec, message):
 
 def test_every_kind_is_registered_in_order():
     assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
-                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "stale", "reuse")
+                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "engine", "stale", "reuse")
     assert {spec.partition(":")[0] for spec in CANONICAL} == set(KINDS)
