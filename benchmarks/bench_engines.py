@@ -83,7 +83,7 @@ def main() -> None:
         engine = open_engine(lm, weights)
         mb = engine.path.stat().st_size / 1e6
         ms = engine_ms_per_token(engine, prompts, args.tokens)
-        bound = mb / bw / 1e3
+        bound = mb / bw  # MB ÷ GB/s = ms
         print(f"{'llama.cpp ' + weights:28s} {ms:9.1f} {mb:8.0f} {bound:9.1f} {ms / bound:8.2f}   (× PyTorch {ms / pt:.2f})")
         engine.close()
     print("\nfollowing the trainer: export + reopen per optimizer step, vs decoding one OPD batch of 8 × 64 tokens")

@@ -25,13 +25,14 @@ import pandas as pd
 
 from mismatch.opd.config import COMPARISON_FIELDS
 from mismatch.opd.verdict import opd_runs, verdict_table
-from mismatch.perturb.spec import NoiseConfig, ReuseConfig, StaleConfig, parse_spec
+from mismatch.perturb.spec import EngineConfig, NoiseConfig, ReuseConfig, StaleConfig, parse_spec
 
 # two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042)
-LEVEL_SOURCES = ("noise", "stale", "reuse")  # sources with a numeric level; everything else is a format
+LEVEL_SOURCES = ("noise", "stale", "reuse")  # sources with a numeric level
+CATEGORICAL_SOURCES = ("format", "engine")  # levels are specs, ordered by stored bits per weight
 VERDICTS = ("tolerated", "uncertain", "not tolerated")
 NOT_SETTINGS = {"pair", "seed", "pair_sha256", "eval_every", "chunk_tokens", "clip"}  # never a grid axis
 
@@ -51,8 +52,8 @@ def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
 
 def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
     """`(source, level)` of a rollout: `("clean", 0)`, `("noise", σ)`, `("stale", K)`,
-    `("reuse", R)`, or `("format", spec)` for every other spec, another engine's included (`stale:K`
-    on a spec: that spec's format with `+ stale:K`)."""
+    `("reuse", R)`, `("engine", spec)` for another engine (`engine:llama.cpp,…`), or `("format", spec)`
+    for every other spec (`stale:K` on a spec: that spec's format with `+ stale:K`)."""
     if rollout in ("", "none"):
         return ("stale", staleness) if staleness else ("clean", 0)
     config = parse_spec(rollout)
@@ -62,6 +63,8 @@ def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
         source, level = "stale", config.steps
     elif isinstance(config, ReuseConfig):
         source, level = "reuse", config.steps
+    elif isinstance(config, EngineConfig):
+        source, level = "engine", str(config)
     else:
         source, level = "format", str(config)
     if staleness and source != "stale":
@@ -133,7 +136,7 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame
-    frame["order"] = [weight_bits(lv) if s == "format" else float(lv) if not isinstance(lv, str) else math.inf
+    frame["order"] = [weight_bits(lv) if s in CATEGORICAL_SOURCES else float(lv) if not isinstance(lv, str) else math.inf
                       for s, lv in zip(frame["source"], frame["level"])]
     frame = frame.sort_values(["pair", "source", "settings", "order"], ascending=[True, True, True, True],
                               kind="stable")
@@ -156,9 +159,9 @@ def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
     for (pair, source, settings), group in levels.groupby(["pair", "source", "settings"], sort=False):
         verdict = dict(zip(group["level"], group["verdict"]))
         tested = list(group["level"])
-        if source == "format":
+        if source in CATEGORICAL_SOURCES:  # an engine's bits hold only where its export could use the type
             ok = sorted((lv for lv in tested if verdict[lv] == "tolerated"), key=weight_bits)
-            largest = f"{ok[0]} ({weight_bits(ok[0]):g} bits)" if ok else "none"
+            largest = "none" if not ok else f"{ok[0]} ({weight_bits(ok[0]):g} bits)" if source == "format" else ok[0]
         else:
             largest = "none"
             for lv in tested:  # ascending

@@ -137,3 +137,11 @@ def test_a_field_set_on_some_runs_and_unset_on_others_is_a_setting(rows):
     stale1 = levels[(levels["source"] == "stale") & (levels["level"] == 1) & levels["settings"].str.startswith("lr 0.001")]
     assert sorted(stale1["settings"]) == ["lr 0.001, tis_cap 2", "lr 0.001, tis_cap off"]
     assert stale1["seeds"].tolist() == [3, 3]
+
+
+def test_an_engine_is_a_source_of_its_own_ordered_by_bits():
+    from mismatch.tolerance import source_level, weight_bits
+
+    assert source_level("engine:llama.cpp,q8_0") == ("engine", "engine:llama.cpp,q8_0")
+    assert source_level("engine:llama.cpp,f16", 2) == ("engine", "engine:llama.cpp,f16 + stale:2")
+    assert [weight_bits(f"engine:llama.cpp,{w}") for w in ("f32", "f16", "q8_0", "q4_1", "q4_0")] == [32, 16, 8.5, 5, 4.5]

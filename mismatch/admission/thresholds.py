@@ -39,7 +39,7 @@ from mismatch.version import __version__
 STATISTICS = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
               "mismatch_is_ratio_outside_frac")
 PRIMARY = "mismatch_kl"
-STATIC_SOURCES = ("format", "noise")
+STATIC_SOURCES = ("format", "engine", "noise")  # measurable before any update
 LAGGED_SOURCES = ("stale", "reuse")
 DEFAULT_FILE = Path(__file__).resolve().parent.parent / "data" / "admission_thresholds.json"
 

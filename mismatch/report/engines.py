@@ -69,14 +69,16 @@ def dynamic_table(levels: pd.DataFrame) -> pd.DataFrame:
                 continue
             twin = by_level.get(twin_of(level) or "")
             row = {"pair": pair, "settings": settings, "engine": level, "seeds": int(r["seeds"]),
-                   "mismatch_kl": r["mismatch_kl"], "Δ accuracy (pts)": plus_minus(r["acc_delta"], r["acc_delta_hw"], 100),
+                   "mismatch_kl": f"{r['mismatch_kl']:.4g}", "Δ accuracy (pts)": plus_minus(r["acc_delta"], r["acc_delta_hw"], 100),
                    "KL ratio": plus_minus(r["kl_ratio"], r["kl_ratio_hw"], pattern="{:.3f}"), "verdict": r["verdict"],
                    "twin": twin_of(level) or "—"}
+            row.update({"twin mismatch_kl": "—", "twin Δ accuracy": "—", "twin KL ratio": "—",
+                        "twin verdict": "not run" if twin_of(level) else "—", "same verdict": "—"})
             if twin is not None:
-                row.update({"twin mismatch_kl": twin["mismatch_kl"],
+                row.update({"twin mismatch_kl": f"{twin['mismatch_kl']:.4g}",
                             "twin Δ accuracy": plus_minus(twin["acc_delta"], twin["acc_delta_hw"], 100),
                             "twin KL ratio": plus_minus(twin["kl_ratio"], twin["kl_ratio_hw"], pattern="{:.3f}"),
-                            "twin verdict": twin["verdict"], "same verdict": twin["verdict"] == r["verdict"]})
+                            "twin verdict": twin["verdict"], "same verdict": "yes" if twin["verdict"] == r["verdict"] else "no"})
             out.append(row)
     return pd.DataFrame(out)
 

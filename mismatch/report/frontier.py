@@ -57,6 +57,11 @@ def rollout_shares(runs: list[tuple[dict, list[dict]]]) -> dict[str, float]:
     return {pair: float(pd.Series(v).median()) for pair, v in out.items() if v}
 
 
+NOT_COSTED = ("Engine levels (`engine:llama.cpp,…`) are not costed here: which tensors their GGUF export could "
+              "store in the named type depends on the shapes (`reports/engines.md`), and `benchmarks/bench_engines.py` "
+              "measures their decoding speed instead.")
+
+
 def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
                    runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every judged level with its cost factors (`COST_COLUMNS`), `kept_up` (the means within the
@@ -65,6 +70,7 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
     opd = rows[rows["kind"] == "opd"]
     runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
     levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    levels = levels[levels["source"] != "engine"] if len(levels) else levels  # NOT_COSTED
     if levels.empty:
         return levels
     per_run = opd_runs(opd)
@@ -106,7 +112,7 @@ def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> 
              "runs; a lag K ≥ 1 overlaps generation and training). Δ and KL ratio against each run's clean twin, "
              f"mean ± 95% interval over seeds; *kept up* = means within −{100 * acc_tol:g} points and "
              f"{1 + kl_tol:g}; *cheapest* marks each pair's cheapest level by step wall clock that was tolerated "
-             "(intervals) and that kept up (means).", ""]
+             "(intervals) and that kept up (means). " + NOT_COSTED, ""]
     for pair, group in table.groupby("pair", sort=False):
         lines += [f"## {pair} (rollout share of a clean step {group['rollout_share'].iloc[0]:.2f})", "",
                   "| source | level | settings | weight bytes | rollouts | step wall | Δ accuracy (pts) | KL ratio | "

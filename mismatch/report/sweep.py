@@ -27,7 +27,7 @@ from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.report.probe import is_isolation
-from mismatch.tolerance import LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
+from mismatch.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
 from mismatch.results import summaries
 
 MARKERS = "osD^v<>P*X"
@@ -54,16 +54,17 @@ def _series_labels(part: pd.DataFrame, shared: set[str]) -> dict[tuple[str, str]
 def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
     """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source, one line per pair ×
     settings, bars = 95% seed intervals; dashed lines = the thresholds."""
-    sources = [s for s in (*LEVEL_SOURCES, "format") if s in set(levels["source"])]
+    sources = [s for s in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES) if s in set(levels["source"])]
     fig, axes = subplots(len(sources), nrows=2, figsize=(4.8 * len(sources), 9.5))
     axes = np.asarray(axes).reshape(2, len(sources))
     for col, source in enumerate(sources):
         part = levels[levels["source"] == source]
-        formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if source == "format" else []
+        categorical = source in CATEGORICAL_SOURCES
+        formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if categorical else []
         shared = _shared_settings(part)
         labels = _series_labels(part, shared)
         for i, ((pair, settings), series) in enumerate(part.groupby(["pair", "settings"], sort=False)):
-            if source == "format":  # categories by stored bits, markers only, pairs side by side
+            if categorical:  # categories by stored bits, markers only, pairs side by side
                 series = series.assign(x=[formats.index(lv) + 0.08 * i for lv in series["level"]])
             else:  # series side by side around each level (log axis: a small factor)
                 series = series.assign(x=series["level"].astype(float) * 1.04 ** i)
@@ -72,7 +73,7 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
             for row, (metric, scale) in enumerate((("acc_delta", 100), ("kl_ratio", 1))):
                 axes[row, col].errorbar(series["x"], series[metric] * scale, yerr=series[f"{metric}_hw"] * scale,
                                         marker="o", markersize=4, capsize=3, label=label,
-                                        linestyle="none" if source == "format" else "-")
+                                        linestyle="none" if categorical else "-")
         if formats:
             for row in range(2):
                 axes[row, col].set_xticks(range(len(formats)), [f"{f} ({weight_bits(f):g} b)" for f in formats],
@@ -82,13 +83,14 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
             ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
             ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
             xlabel = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "reuse": "reuse R (steps per batch)",
-                      "format": "format (stored bits per weight)"}[source]
+                      "format": "format (stored bits per weight)",
+                      "engine": "llama.cpp weights (bits where the export could use them)"}[source]
             style_axes(ax, xlabel=xlabel, ylabel=name)
-            if source != "format":
+            if not categorical:
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
         axes[0, col].set_title(source + (f"\n({', '.join(sorted(shared))})" if shared else ""), fontsize=9)
         axes[1, col].legend(fontsize=LEGEND_FONTSIZE - 1, loc="upper center",
-                            bbox_to_anchor=(0.5, -0.45 if source == "format" else -0.3))
+                            bbox_to_anchor=(0.5, -0.45 if categorical else -0.3))
     fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin,\nmean over seeds ± 95% interval",
                  fontsize=10)
     return fig
@@ -99,7 +101,7 @@ def mismatch_figure(levels: pd.DataFrame, *, acc_tol: float):
     every source and pair, colour by source, marker by pair."""
     fig, ax = subplots(1, figsize=(8, 5.5))
     pairs = sorted(levels["pair"].unique())
-    colors = {s: f"C{i}" for i, s in enumerate((*LEVEL_SOURCES, "format"))}
+    colors = {s: f"C{i}" for i, s in enumerate((*LEVEL_SOURCES, *CATEGORICAL_SOURCES))}
     shown = levels[levels["mismatch_kl"] > 0]
     for (source, pair), part in shown.groupby(["source", "pair"]):
         ax.errorbar(part["mismatch_kl"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
@@ -187,7 +189,7 @@ def static_dynamic_figure(students: pd.DataFrame, levels: pd.DataFrame):
     whole = students[~students["layers"].map(is_isolation)]
     whole = whole.assign(first=whole["layers"] != "linear").sort_values("first", kind="stable").drop_duplicates(
         ["pair", "perturb"])  # one static point per format: its `linear` scope where it ran several
-    formats = levels[levels["source"] == "format"]
+    formats = levels[levels["source"].isin(CATEGORICAL_SOURCES)]
     joined = formats.merge(whole[["pair", "perturb", "kl_fwd_mean"]], left_on=["pair", "level"],
                            right_on=["pair", "perturb"])
     fig, ax = subplots(1, figsize=(7, 5))
@@ -249,6 +251,6 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float
     students = _student_probes(rows)
     if len(students) and students["layers"].map(is_isolation).any():
         written.append(save_figure(block_figure(students), out_dir / "block_sensitivity.png"))
-    if len(students) and (levels["source"] == "format").any():
+    if len(students) and levels["source"].isin(CATEGORICAL_SOURCES).any():
         written.append(save_figure(static_dynamic_figure(students, levels), out_dir / "static_vs_dynamic.png"))
     return written

@@ -15,7 +15,7 @@ from tests.admission.test_thresholds import STAMP, _run
 
 T_975_2DF = 4.302652729911275  # two-sided 95% Student t, 2 degrees of freedom
 ACC = {"none": [0.50, 0.52, 0.48], "engine:llama.cpp,f16": [0.49, 0.52, 0.47], "dtype:fp16": [0.50, 0.51, 0.49],
-       "engine:llama.cpp,f32": [0.30, 0.31, 0.30]}
+       "engine:llama.cpp,f32": [0.30, 0.31, 0.30], "engine:llama.cpp,q8_0": [0.50, 0.52, 0.48]}
 
 
 def _study() -> pd.DataFrame:
@@ -41,7 +41,8 @@ def test_twins_are_the_formats_of_the_same_bits():
 def test_the_dynamic_rows_pair_each_engine_level_with_its_twin():
     rows = _study()
     table = dynamic_table(level_table(run_table(rows))).set_index("engine")
-    assert set(table.index) == {"engine:llama.cpp,f16", "engine:llama.cpp,f32"}
+    assert set(table.index) == {"engine:llama.cpp,f16", "engine:llama.cpp,f32", "engine:llama.cpp,q8_0"}
+    assert table.loc["engine:llama.cpp,q8_0", "twin verdict"] == "not run"  # its twin int8:group32 is not in the study
     deltas = [a - c for a, c in zip(ACC["engine:llama.cpp,f16"], ACC["none"])]
     half = T_975_2DF * statistics.stdev(deltas) / math.sqrt(3)
     f16 = table.loc["engine:llama.cpp,f16"]
@@ -49,9 +50,9 @@ def test_the_dynamic_rows_pair_each_engine_level_with_its_twin():
     twin = [a - c for a, c in zip(ACC["dtype:fp16"], ACC["none"])]
     assert f16["twin Δ accuracy"].startswith(f"{100 * statistics.mean(twin):+.1f} ±")
     assert f16["seeds"] == 3 and f16["twin"] == "dtype:fp16"
-    assert f16["same verdict"] == (f16["verdict"] == f16["twin verdict"])
+    assert f16["same verdict"] == ("yes" if f16["verdict"] == f16["twin verdict"] else "no")
     f32 = table.loc["engine:llama.cpp,f32"]
-    assert f32["verdict"] == "not tolerated" and f32["twin"] == "—"  # −20 points, no twin
+    assert f32["verdict"] == "not tolerated" and f32["twin"] == "—" and f32["twin verdict"] == "—"  # −20 points
 
 
 def test_the_static_rows_and_the_files(tmp_path):
