@@ -118,8 +118,12 @@ def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[st
         if isinstance(engine, EngineConfig):  # the whole model runs in the engine: no scope, no layers
             if status is not None:
                 status(f"probing {batch.response_tokens} tokens in {engine.engine} ({engine.weights})…")
-            result = probe(ref, open_engine(ref_lm, engine.weights, engine.kv), per_layer=False, clip=clip,
-                           chunk_tokens=chunk_tokens)
+            longest = int(batch.attention_mask.sum(1).max())
+            runner = open_engine(ref_lm, engine.weights, engine.kv, n_ctx=max(longest, 64))
+            try:
+                result = probe(ref, runner, per_layer=False, clip=clip, chunk_tokens=chunk_tokens)
+            finally:
+                runner.close()
             results.append(CandidateResult(spec, "all", result))
             if on_result is not None:
                 on_result(results[-1])

@@ -231,7 +231,12 @@ def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = No
     for shape, (matches, reader) in SHAPES.items():
         if matches(rec):
             w = f"{where}, {shape}"
-            return shape, (_openai(rec, w, tokenizer, _ids_of) if shape == "openai" else reader(rec, w, tokenizer))
+            try:
+                return shape, (_openai(rec, w, tokenizer, _ids_of) if shape == "openai" else reader(rec, w, tokenizer))
+            except InputError:
+                raise
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a field missing or of the wrong kind
+                raise InputError(f"{w}: malformed record ({type(exc).__name__}: {exc})") from None
     raise InputError(f"{where}: not a rollout record (keys {sorted(rec)[:6]}); expected the mismatch schema or a "
                      "vLLM, SGLang or OpenAI-compatible output")
 

@@ -187,6 +187,8 @@ def _one(**change):
      "lack the sampled token 74"),
     ({"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}}]}, "no logprobs.content"),
     ({"foo": 1}, "not a rollout record"),
+    ({"input_ids": [1], "meta_info": {"output_token_logprobs": None}}, "malformed record (TypeError"),
+    ({"prompt_token_ids": [1], "choices": [{"logprobs": {"content": [{"logprob": -1.0}]}}]}, "malformed record (KeyError"),
 ])
 def test_bad_records_are_one_line_errors_naming_the_record(tiny, tmp_path, record, message):
     lm = tiny("tiny-llama")
