@@ -15,6 +15,10 @@ passes when the whole interval lies at or below its limit, fails when the whole 
 and is uncertain otherwise. Staleness and reuse cannot be measured before training (no update to lag
 behind yet); given `staleness=K` / `reuse=R`, the check carries over the study's measured verdict of
 that level (sort-gpt2, its default settings) and says so.
+
+`check(model, rollout=None, rollouts=FILE)` judges a real engine instead: its rollout dump (sampled
+tokens with the engine's own log-probs, `mismatch.engines`) is the calibration set, scored by the
+model teacher-forced (`mismatch.engines.score_rollouts`); no recipe and no cost (there is no spec).
 """
 
 from __future__ import annotations
