@@ -11,7 +11,6 @@ import typer
 from mismatch import console
 from mismatch.cli_common import err, out
 from mismatch.engines import score_rollouts as score_lib
-from mismatch.errors import InputError
 
 
 def score_rollouts(
@@ -24,16 +23,9 @@ def score_rollouts(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced."""
-    if out_path is not None and out_path.suffix not in (".parquet", ".csv"):
-        raise InputError(f"--out must end in .parquet or .csv, got {out_path}")
     with err.status(f"scoring {rollouts} with {model}…"):
-        result = score_lib(model, rollouts, clip=clip, check_text=text_check)
+        result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        (result.per_token.to_parquet(tmp, index=False) if out_path.suffix == ".parquet"
-         else result.per_token.to_csv(tmp, index=False))
-        tmp.replace(out_path)
         console.wrote(err, out_path)
     if json_out:
         typer.echo(json.dumps({"model": result.reference, "rollouts": result.candidate, **result.summary}, indent=1))

@@ -44,10 +44,17 @@ def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_
     kl_rev = torch.linalg.vecdot(q, d).neg() + 0.0  # + 0.0 turns -0.0 into 0.0 for identical inputs
     del d
     tv = p.sub_(q).abs_().sum(-1) * 0.5
-    log_r = logp_ref.double() - logp_cand.double()  # [C]: cheap to keep in float64
-    # k3 = r − 1 − log r ≈ (log r)²/2 near r = 1: expm1 avoids the cancellation of r − 1.
+    is_ratio, k3 = ratio_columns(logp_ref, logp_cand)
     return {"logp_ref": logp_ref, "logp_cand": logp_cand, "kl_fwd": kl_fwd, "kl_rev": kl_rev,
-            "tv": tv, "top1_agree": top1, "is_ratio": log_r.exp(), "k3": torch.expm1(log_r) - log_r}
+            "tv": tv, "top1_agree": top1, "is_ratio": is_ratio, "k3": k3}
+
+
+def ratio_columns(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sampled token (`[N]` log-probs, nats): `(is_ratio, k3)` in float64, r = p(y)/q(y) and
+    r − 1 − log r, from log r = log p(y) − log q(y)."""
+    log_r = logp_ref_N.double() - logp_cand_N.double()  # [N]: cheap to keep in float64
+    # k3 = r − 1 − log r ≈ (log r)²/2 near r = 1: expm1 avoids the cancellation of r − 1.
+    return log_r.exp(), torch.expm1(log_r) - log_r
 
 
 def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: torch.Tensor, clip: float

@@ -115,29 +115,31 @@ def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[st
     results = []
     for spec in specs:
         engine = parse_spec(spec)
-        if isinstance(engine, EngineConfig):  # the whole model runs in the engine: no scope, no layers
-            if status is not None:
-                status(f"probing {batch.response_tokens} tokens in {engine.engine} ({engine.weights})…")
-            longest = int(batch.attention_mask.sum(1).max())
-            runner = open_engine(ref_lm, engine.weights, engine.kv, n_ctx=max(longest, 64))
-            try:
-                result = probe(ref, runner, per_layer=False, clip=clip, chunk_tokens=chunk_tokens)
-            finally:
-                runner.close()
-            results.append(CandidateResult(spec, "all", result))
-            if on_result is not None:
-                on_result(results[-1])
-            continue
-        for scope in scopes:
+        engine = engine if isinstance(engine, EngineConfig) else None
+        for scope in ["all"] if engine else scopes:  # an engine runs the whole model: no scope, no layers
             if status is not None:
                 status(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")
-            with perturbed(ref_lm.model, spec, layers=scope, seed=seed, calibration_ids=batch.input_ids) as cand:
-                result = probe(ref, LM(cand, ref_lm.tokenizer, ref_lm.name), per_layer=per_layer, clip=clip,
-                               chunk_tokens=chunk_tokens)
+            if engine is not None:
+                result = _probe_engine(ref, ref_lm, engine, batch, clip=clip, chunk_tokens=chunk_tokens)
+            else:
+                with perturbed(ref_lm.model, spec, layers=scope, seed=seed, calibration_ids=batch.input_ids) as cand:
+                    result = probe(ref, LM(cand, ref_lm.tokenizer, ref_lm.name), per_layer=per_layer, clip=clip,
+                                   chunk_tokens=chunk_tokens)
             results.append(CandidateResult(spec, scope, result))
             if on_result is not None:
                 on_result(results[-1])
     return results
+
+
+def _probe_engine(ref, ref_lm: LM, engine: EngineConfig, batch: Batch, *, clip: float, chunk_tokens: int
+                  ) -> ProbeResult:
+    """`ref_lm` exported to `engine`, opened with the batch's context, probed, closed."""
+    longest = int(batch.attention_mask.sum(1).max())
+    runner = open_engine(ref_lm, engine.weights, engine.kv, n_ctx=max(longest, 64))
+    try:
+        return probe(ref, runner, per_layer=False, clip=clip, chunk_tokens=chunk_tokens)
+    finally:
+        runner.close()
 
 
 def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:

@@ -103,7 +103,10 @@ def tidy(rows: pd.DataFrame, *, kind: str, config: dict[str, object], stamp: dic
     return _normalise(rows.assign(**{k: [v] * len(rows) for k, v in meta.items()}))
 
 
-def _atomic_write(frame: pd.DataFrame, path: Path) -> None:
+def write_frame(frame: pd.DataFrame, path: Path) -> None:
+    """Write `frame` to `path` (`.csv`, else parquet), complete or not at all: to a temporary name
+    beside it, then renamed; the temporary file never stays behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         if path.suffix == ".csv":
@@ -157,14 +160,14 @@ class ResultsWriter:
         self._prepare()
         if self.is_file:
             frame = pd.concat([read_results(self.path), rows], ignore_index=True) if self.path.exists() else rows
-            _atomic_write(frame, self.path)
+            write_frame(frame, self.path)
             return self.path
         (kind,), (rid,) = rows["kind"].unique(), rows["run_id"].unique()
         flush = self._flushes[rid] = self._flushes.get(rid, -1) + 1
         ns = time.time_ns()  # one clock read: parts sort in the order they were written
         stamp = _dt.datetime.fromtimestamp(ns // 10**9, _dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{ns % 10**9:09d}"
         part = self.path / f"{stamp}-{kind}-{rid}-{self._session}-{flush:05d}.parquet"
-        _atomic_write(rows, part)
+        write_frame(rows, part)
         return part
 
     def finish(self, kind: str, rid: str) -> None:

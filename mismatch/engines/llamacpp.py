@@ -29,7 +29,7 @@ from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.models import LM, cache_dir, context_length, smollm2_gguf_path
 from mismatch.pairs.registry import member_spec
 from mismatch.probes import ExternalLM
-from mismatch.rollout import Batch, Rollout, encode, pad_id, prompt_batch
+from mismatch.rollout import Batch, Rollout, pad_id, prompt_batch
 
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML type ids of the KV cache
 
@@ -139,8 +139,8 @@ def engine_rollout(engine: LlamaCpp, tokenizer, prompts: list[str], *, max_new_t
     """One response per prompt sampled by llama.cpp, as a `Rollout` laid out like `rollout.sample`'s
     (prompts left-padded, responses right-padded, up to and including the first EOS) with llama.cpp's
     own log-prob of each response token. Prompt `i` is sampled with seed `seed + i` (mod 2³²)."""
-    encoded = encode(tokenizer, prompts, chat=chat, context=context)
     prompt_ids, prompt_attn = prompt_batch(tokenizer, prompts, chat=chat, context=context)
+    encoded = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_attn)]  # unpadded, as encoded
     samples = [engine.sample(ids, max_new_tokens, seed=(seed + i) % 2**32, eos_id=tokenizer.eos_token_id)
                for i, ids in enumerate(encoded)]
     width = max(len(tokens) for tokens, _ in samples)

@@ -22,11 +22,12 @@ import torch
 from mismatch.engines.dumps import EngineRollout, RolloutDump, read_rollouts
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.layout import Head, head_inputs, logprob_chunks
-from mismatch.metrics import rollout_stats, sampled_summary, sampled_token_metrics
+from mismatch.metrics import ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
 from mismatch.models import LM, context_length
 from mismatch.pairs.registry import load_member
 from mismatch.positions import response_index
 from mismatch.probes import LAYER_COLUMNS, ProbeResult
+from mismatch.results import write_frame
 from mismatch.rollout import pad_id
 from mismatch.tokenizer import vocab_fingerprint
 
@@ -142,20 +143,18 @@ def _score_group(lm: LM, records: list[EngineRollout], first_seq: int, chunk_tok
         n = int(bad.nonzero()[0])
         raise NumericsError(f"{records[int(seq_N[n])].where}: {lm.name} produced NaN/Inf logits predicting "
                             f"response position {int(t_N[n]) - len(records[int(seq_N[n])].prompt_ids)}")
-    out = {"seq": seq_N + first_seq, "pos": t_N, "token": token_N, "logp_ref": logp_N,
-           "logp_cand": torch.tensor([lp for r in records for lp in r.logprobs], dtype=torch.float32)}
-    if K:
-        kl_pq, kl_qp, mass = coarse_kl(top_lp, top_lq, top_mask)
-        has = top_mask.any(-1)
-        nan = torch.full_like(kl_pq, float("nan"))
-        out.update(topk=top_mask.sum(-1), topk_mass_cand=torch.where(has, mass, nan),
-                   kl_fwd_topk=torch.where(has, kl_pq, nan), kl_rev_topk=torch.where(has, kl_qp, nan))
-    return out
+    kl_pq, kl_qp, mass = coarse_kl(top_lp, top_lq, top_mask)
+    has = top_mask.any(-1)  # tokens without top-k get topk 0 and NaN
+    nan = torch.full_like(kl_pq, float("nan"))
+    return {"seq": seq_N + first_seq, "pos": t_N, "token": token_N, "logp_ref": logp_N,
+            "logp_cand": torch.tensor([lp for r in records for lp in r.logprobs], dtype=torch.float32),
+            "topk": top_mask.sum(-1), "topk_mass_cand": torch.where(has, mass, nan),
+            "kl_fwd_topk": torch.where(has, kl_pq, nan), "kl_rev_topk": torch.where(has, kl_qp, nan)}
 
 
 def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip: float = 2.0,
-                   check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS
-                   ) -> ProbeResult:
+                   check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS,
+                   out: str | Path | None = None) -> ProbeResult:
     """Score an engine's sampled rollouts, with its own log-probs, against `model` teacher-forced.
 
     Args:
@@ -165,6 +164,7 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
         clip: IS ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
         check_text: check that each response's ids decode to the text the engine printed.
         chunk_tokens, batch_tokens: rows per head matmul; padded tokens per forward pass.
+        out: also write `per_token` there (`.parquet` or `.csv`, complete or not at all).
 
     Returns:
         A `ProbeResult` with `per_token` columns seq (record order), pos (position in prompt +
@@ -179,6 +179,8 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
     """
     if not clip > 1.0:
         raise InputError(f"clip must be > 1, got {clip}")
+    if out is not None and Path(out).suffix not in (".parquet", ".csv"):
+        raise InputError(f"the per-token table's file must end in .parquet or .csv, got {out}")
     lm = model if isinstance(model, LM) else load_member(model)
     dump = rollouts if isinstance(rollouts, RolloutDump) else read_rollouts(rollouts, lm.tokenizer)
     check_dump(dump, lm, check_text=check_text)
@@ -186,30 +188,21 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
     for group in _batches(dump.records, batch_tokens):
         parts.append(_score_group(lm, [dump.records[i] for i in group], first, chunk_tokens))
         first += len(group)
-    cols = {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if all(
-        set(p) == set(parts[0]) for p in parts) else _merge_topk(parts)
+    cols = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     lp, lq, seq = cols["logp_ref"], cols["logp_cand"], cols["seq"]
-    log_r = lp.double() - lq.double()
-    cols["is_ratio"], cols["k3"] = log_r.exp(), torch.expm1(log_r) - log_r
+    cols["is_ratio"], cols["k3"] = ratio_columns(lp, lq)
     summary = {**sampled_summary(lp, lq, seq, clip),
                **{f"mismatch_{k}": v for k, v in sampled_token_metrics(lp, lq, clip).items()},
                **rollout_stats(lp, lq, seq)}
-    if "kl_fwd_topk" in cols:
-        has = ~torch.isnan(cols["kl_fwd_topk"])
+    has = cols["topk"] > 0
+    if bool(has.any()):  # the top-k columns and their means only where the engine logged top-k
         summary.update({"topk_tokens": float(has.sum()), **{f"{k}_mean": float(cols[k][has].mean())
                                                             for k in TOPK_COLUMNS[1:]}})
-    names = [c for c in (*TOKEN_COLUMNS, *TOPK_COLUMNS) if c in cols]
+    names = [*TOKEN_COLUMNS, *(TOPK_COLUMNS if bool(has.any()) else ())]
     per_token = pd.DataFrame({k: cols[k].numpy() for k in names})
+    if out is not None:
+        write_frame(per_token, Path(out))
     source = f"{dump.source} ({', '.join(dump.shapes)}{', ' + dump.meta['engine'] if dump.meta.get('engine') else ''})"
     return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)), summary=summary,
                        reference=lm.name, candidate=source)
 
-
-def _merge_topk(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate groups where only some had top-k log-probs (the others get NaN / 0 there)."""
-    for p in parts:
-        if "topk" not in p:
-            n = len(p["seq"])
-            p.update(topk=torch.zeros(n, dtype=torch.long), **{k: torch.full((n,), float("nan"), dtype=torch.float64)
-                                                               for k in TOPK_COLUMNS[1:]})
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

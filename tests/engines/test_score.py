@@ -237,6 +237,9 @@ def test_cli_prints_the_summary_and_writes_the_per_token_table(engine, tmp_path)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), want.per_token)
     bad = CliRunner().invoke(app, ["score-rollouts", "tiny-llama", str(tmp_path / "none.jsonl")])
     assert bad.exit_code == 2 and bad.output.strip().count("\n") == 0 and "not found" in bad.output
+    wrong = CliRunner().invoke(app, ["score-rollouts", "tiny-llama", str(path), "--out", str(tmp_path / "t.txt")])
+    assert wrong.exit_code == 2 and "must end in .parquet or .csv" in wrong.output
+    assert not (tmp_path / "t.txt").exists()
 
 
 def test_without_the_llama_cpp_extra_an_engine_is_a_one_line_error(tiny, monkeypatch):
