@@ -18,7 +18,11 @@ Then, on smollm2-concise (8 prompts of its task, 64 sampled tokens each), side b
     run (sum over a 1 GiB buffer). Decode time per step = (generate 64 tokens − generate 1) / 63,
     so prefill is excluded. Rows: the default `torch` linear (MKL), the oneDNN-packed linears
     `mismatch.rollout.generate` uses (`mismatch.decode`), both with a static KV cache, and with
-    `--compile` a static cache plus `torch.compile`d decode step (compile time printed apart);
+    `--compile` a static cache plus `torch.compile`d decode step (compile time printed apart); and,
+    where the optional extra is installed (`make engines`), llama.cpp decoding the same 8 prompts as
+    one batch of 8 sequences from an f32 GGUF export of the same weights with an f32 KV cache (the
+    spec `engine:llama.cpp,f32,kv-f32`, within fp32 rounding of the model: README "Real engines"),
+    sampled by llama.cpp's own sampler: what a dedicated engine's kernels reach on this CPU;
   * the OPD update (`recipe.update`: loss forward/backward with the teacher's chunked head, clip,
     AdamW) ÷ one bare forward + backward + AdamW step of the student on the same tokens (Hugging
     Face cross-entropy on the response tokens; target ≤ 1.3), medians of alternating repeats.
@@ -35,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import contextlib  # noqa: E402
 import time  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from mismatch.decode import packed_linears  # noqa: E402
@@ -61,6 +66,8 @@ def measure(config: OPDConfig) -> dict[str, float]:
 
 
 def main() -> None:
+    if "--decode-only" in sys.argv:
+        return decode_and_update("--compile" in sys.argv)
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 8
     no_eval = dict(eval_every=10 ** 6, eval_prompts=1)  # evaluation at step 0 only (1 prompt) and last
     configs = [
@@ -145,6 +152,10 @@ def decode_and_update(compiled: bool) -> None:
         with torch.no_grad(), ctx():
             step = decode_seconds(model, ids, attn, pad, run.max_new_tokens, **kwargs)
         print(f"  {label:40s} {step * 1e3:7.1f} ms/step   ÷ bound {step / bound:5.2f}   (target ≤ 3)")
+    engine_step = llamacpp_batched_decode_seconds(run, ids, attn, run.max_new_tokens)
+    if engine_step is not None:
+        print(f"  {'llama.cpp f32, kv f32, 8 sequences batched':40s} {engine_step * 1e3:7.1f} ms/step   ÷ bound "
+              f"{engine_step / bound:5.2f}")
     if compiled:
         from transformers import CompileConfig
         cc = CompileConfig(dynamic=False, mode=None)
@@ -159,6 +170,64 @@ def decode_and_update(compiled: bool) -> None:
         print(f"  {'static cache + torch.compile (inductor)':40s} {step * 1e3:7.1f} ms/step   ÷ bound "
               f"{step / bound:5.2f}   (compile {compile_s:.0f} s)")
     update_ratio(run)
+
+
+def llamacpp_batched_decode_seconds(run, ids, attn, tokens: int) -> float | None:
+    """Seconds per decode step of llama.cpp sampling one response per prompt, all prompts as one
+    batch (one sequence id each; f32 weights, f32 KV cache, temperature-1 `dist` sampler, no stop
+    token), timed as (`tokens` − 1 token) / (tokens − 1), best of 2. None without the extra."""
+    try:
+        import llama_cpp as L
+        from llama_cpp import _internals
+    except ImportError:
+        print("  (llama.cpp row skipped: the optional extra is not installed; `make engines`)")
+        return None
+    from mismatch.engines.llamacpp import gguf_file
+
+    prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
+    n_seq, n_ctx = len(prompts), 512 * len(prompts)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):  # llama.cpp's load log
+        model = _internals.LlamaModel(path_model=str(gguf_file(run.student, "f32")),
+                                      params=L.llama_model_default_params(), verbose=False)
+        params = L.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_ctx, 512, n_seq
+        params.n_threads = params.n_threads_batch = torch.get_num_threads()
+        params.type_k = params.type_v = 0  # GGML_TYPE_F32
+        params.kv_unified = True
+        ctx = _internals.LlamaContext(model=model, params=params, verbose=False)
+    batch = L.llama_batch_init(n_ctx, 0, 1)
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(0))
+
+    def submit(entries: list[tuple[int, int, int, bool]]) -> None:  # (token, position, sequence, logits?)
+        batch.n_tokens = len(entries)
+        for k, (token, pos, seq, want) in enumerate(entries):
+            batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = token, pos, 1, want
+            batch.seq_id[k][0] = seq
+        if L.llama_decode(ctx.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def generate(n: int) -> float:
+        L.llama_memory_clear(ctx.memory, True)
+        t0 = time.perf_counter()
+        submit([(t, p, s, p == len(pr) - 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)])
+        rows = [int(i) for i in np.cumsum([len(pr) for pr in prompts]) - 1]  # batch rows holding logits
+        for step in range(n):
+            new = [L.llama_sampler_sample(chain, ctx.ctx, row) for row in rows]
+            if step < n - 1:
+                submit([(t, len(pr) + step, s, True) for s, (t, pr) in enumerate(zip(new, prompts))])
+                rows = list(range(n_seq))
+        return time.perf_counter() - t0
+
+    try:
+        generate(2)  # warm-up
+        return (min(generate(tokens) for _ in range(2)) - min(generate(1) for _ in range(2))) / (tokens - 1)
+    finally:
+        L.llama_sampler_free(chain)
+        L.llama_batch_free(batch)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):  # and its closing log
+            ctx.close()
+            model.close()
 
 
 def update_ratio(run, repeats: int = 4) -> None:
@@ -183,8 +252,10 @@ def update_ratio(run, repeats: int = 4) -> None:
             if i:
                 times[name].append(time.perf_counter() - t0)
     up, ba = statistics.median(times["update"]), statistics.median(times["bare"])
+    pairs = ", ".join(f"{u / b:.2f}" for u, b in zip(times["update"], times["bare"]))
     print(f"\nupdate, smollm2-concise, {batch.response_tokens} response tokens in {tuple(batch.input_ids.shape)}: "
-          f"OPD update {up:.2f} s, bare forward+backward+AdamW {ba:.2f} s → ratio {up / ba:.2f} (target ≤ 1.3)")
+          f"OPD update {up:.2f} s, bare forward+backward+AdamW {ba:.2f} s → ratio {up / ba:.2f} (target ≤ 1.3); "
+          f"each repeat's ratio: {pairs}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from mismatch.errors import InputError
 from mismatch.positions import position_ids
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+CACHE_ROWS = 16  # rows per pass of elementwise work over [rows, V] fp32 (metrics, OPD losses): stays in cache
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import (Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout, replay_prefix,
-                             token_chunks)
+from mismatch.layout import (CACHE_ROWS, Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout,
+                             replay_prefix, token_chunks)
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
 from mismatch.perturb import active_perturbations
@@ -35,7 +35,6 @@ from mismatch.positions import position_ids, response_index, scorable
 from mismatch.tokenizer import vocab_fingerprint
 
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
-CACHE_ROWS = 16  # rows per pass of the elementwise metrics: [16, V] fp32 buffers stay in cache
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
 LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")

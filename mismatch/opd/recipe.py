@@ -32,7 +32,7 @@ import torch
 
 from mismatch.engines.llamacpp import engine_rollout
 from mismatch.errors import InputError, NumericsError
-from mismatch.layout import Head, head_inputs, is_identity_warp, logprob_chunks
+from mismatch.layout import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.models import LM
 from mismatch.opd.config import OPDConfig, lr_factor
@@ -89,19 +89,26 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
     logp_S_N = (token_logprobs(head_S, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
                 if warped else torch.empty(n))
     logp_seconds = time.perf_counter() - t0
+    teacher_parts = logprob_chunks(Head.of(teacher), hidden_T, chunk_tokens, rows_per_pass=CACHE_ROWS)
     total = 0.0
-    teacher_chunks = logprob_chunks(Head.of(teacher), hidden_T, chunk_tokens)
-    for rows, logp_S in logprob_chunks(head_S, leaf, chunk_tokens):
-        with torch.no_grad():
-            logp_T = next(teacher_chunks)[1]
-            if not warped:
-                logp_S_N[rows] = logp_S.detach().gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
-        terms = token_loss(loss, logp_S, logp_T, token_N[rows])
-        if tis_cap is not None:
-            terms = terms * tis_weights(logp_S_N[rows], logp_rollout_N[rows], tis_cap)
-        chunk_loss = terms.sum() / n
-        chunk_loss.backward()
-        total += float(chunk_loss.detach())
+    for rows in token_chunks(n, chunk_tokens):
+        z_CV = head_S.logits(leaf[rows])  # one head matmul per chunk; carries the graph to `leaf` and the head
+        grad_CV, terms_C = torch.empty_like(z_CV), torch.empty(z_CV.shape[0])
+        for part in token_chunks(z_CV.shape[0], CACHE_ROWS):  # the elementwise work, a few cached rows at a time
+            r = slice(rows.start + part.start, rows.start + part.stop)
+            z_PV = z_CV[part].detach().requires_grad_()
+            logp_S = torch.log_softmax(z_PV, dim=-1)
+            with torch.no_grad():
+                logp_T = next(teacher_parts)[1]
+                if not warped:
+                    logp_S_N[r] = logp_S.detach().gather(-1, token_N[r].unsqueeze(-1)).squeeze(-1)
+            terms = token_loss(loss, logp_S, logp_T, token_N[r])
+            if tis_cap is not None:
+                terms = terms * tis_weights(logp_S_N[r], logp_rollout_N[r], tis_cap)
+            (terms.sum() / n).backward()  # each row's gradient is what one pass over the chunk gives it
+            grad_CV[part], terms_C[part] = z_PV.grad, terms.detach()
+        z_CV.backward(grad_CV)
+        total += float(terms_C.sum() / n)
     hidden_S.backward(leaf.grad)
     return StepResult(total, logp_S_N, logp_seconds)
 

@@ -163,3 +163,27 @@ def test_chunked_loss_backward_matches_direct_autograd_at_any_chunk_size(tiny, l
         assert res.loss == pytest.approx(float(direct.detach()), rel=1e-5)
         for n, p in student.named_parameters():
             torch.testing.assert_close(p.grad.double(), ref_grads[n].double(), rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("loss", ["pg-rkl", "full-rkl", "full-fkl"])
+def test_loss_backward_rows_per_pass_changes_no_bit(tiny, loss, monkeypatch):
+    """The elementwise loss work runs `CACHE_ROWS` rows at a time after one head matmul per chunk:
+    gradients, loss and log-probs equal those of one pass over each whole chunk, bit for bit."""
+    from mismatch.opd import recipe
+
+    student, teacher = copy.deepcopy(tiny("tiny-llama", 0).model), tiny("tiny-llama", 1).model
+    rollout = sample(mismatch.LM(student, tiny("tiny-llama").tokenizer, "s"), ["ab", "hello", "xyz!", "q"],
+                     max_new_tokens=7, seed=5)
+    batch, hidden_t = rollout.batch, teacher_hidden(teacher, rollout.batch)
+    logp_r = rollout.logprobs[batch.response_mask.bool()]
+    runs = []
+    for rows in (10 ** 6, 1, 3):  # one pass per chunk (the plain computation), then row by row, then uneven parts
+        monkeypatch.setattr(recipe, "CACHE_ROWS", rows)
+        student.zero_grad(set_to_none=True)
+        res = loss_backward(student, teacher, batch, hidden_t, logp_r, loss=loss, tis_cap=2.0, chunk_tokens=11)
+        runs.append((res.loss, res.logp_student, {n: p.grad.clone() for n, p in student.named_parameters()}))
+    (loss0, logp0, grads0), *others = runs
+    assert batch.response_tokens > 11  # several chunks, each of several parts
+    for loss_k, logp_k, grads_k in others:
+        assert loss_k == loss0 and torch.equal(logp_k, logp0)
+        assert all(torch.equal(grads_k[n], grads0[n]) for n in grads0)
