@@ -73,7 +73,7 @@ class RolloutDump:
 def _int(value: Any, where: str, what: str) -> int:
     try:
         out = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         raise InputError(f"{where}: {what} {value!r} is not a token id") from None
     if isinstance(value, float) and value != out:
         raise InputError(f"{where}: {what} {value!r} is not a token id")
@@ -85,28 +85,36 @@ def _logprob(value: Any, where: str, at: str) -> float:
         value = value.get("logprob")
     try:
         lp = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: log-prob at {at} is {value!r}, not a number") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float
+        raise InputError(f"{where}: log-prob at {at} is {str(value)[:40]}, not a number") from None
     if not math.isfinite(lp) or lp > POSITIVE_SLACK:
         raise InputError(f"{where}: log-prob at {at} is {lp!r}; log-probs must be finite and ≤ 0")
     return min(lp, 0.0)
 
 
 def _top(entries: Any, where: str, at: str) -> dict[int, float]:
-    """A `{token_id: logprob}` map from a map or a list of `[id, lp]` / `[lp, id, text]` / dict entries."""
+    """A `{token_id: logprob}` map from a map or a list of `[id, lp]` / `[lp, id, text]` / dict entries.
+    A token listed twice must carry the same log-prob both times."""
     if isinstance(entries, dict):
-        return {_int(k, where, "top-k token id"): _logprob(v, where, at) for k, v in entries.items()}
-    out = {}
-    for e in entries or []:
-        if isinstance(e, dict):
-            out[_int(e.get("token_id", e.get("id")), where, "top-k token id")] = _logprob(e, where, at)
-        elif isinstance(e, (list, tuple)) and len(e) == 3:  # SGLang: [logprob, token_id, text]
-            out[_int(e[1], where, "top-k token id")] = _logprob(e[0], where, at)
-        elif isinstance(e, (list, tuple)) and len(e) == 2:  # ours: [token_id, logprob]
-            out[_int(e[0], where, "top-k token id")] = _logprob(e[1], where, at)
-        else:
-            raise InputError(f"{where}: cannot read the top-k entry {e!r} at {at}")
+        pairs = [(_int(k, where, "top-k token id"), _logprob(v, where, at)) for k, v in entries.items()]
+    else:
+        pairs = [_top_entry(e, where, at) for e in entries or []]
+    out: dict[int, float] = {}
+    for token, lp in pairs:
+        if out.setdefault(token, lp) != lp:
+            raise InputError(f"{where}: token {token} is listed twice at {at}, with log-probs {out[token]!r} "
+                             f"and {lp!r}")
     return out
+
+
+def _top_entry(e: Any, where: str, at: str) -> tuple[int, float]:
+    if isinstance(e, dict):
+        return _int(e.get("token_id", e.get("id")), where, "top-k token id"), _logprob(e, where, at)
+    if isinstance(e, (list, tuple)) and len(e) == 3:  # SGLang: [logprob, token_id, text]
+        return _int(e[1], where, "top-k token id"), _logprob(e[0], where, at)
+    if isinstance(e, (list, tuple)) and len(e) == 2:  # ours: [token_id, logprob]
+        return _int(e[0], where, "top-k token id"), _logprob(e[1], where, at)
+    raise InputError(f"{where}: cannot read the top-k entry {e!r} at {at}")
 
 
 def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None, text: str | None,
@@ -235,14 +243,18 @@ def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = No
                 return shape, (_openai(rec, w, tokenizer, _ids_of) if shape == "openai" else reader(rec, w, tokenizer))
             except InputError:
                 raise
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a field missing or of the wrong kind
+            except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a field missing,
+                # of the wrong kind, or a number out of range
                 raise InputError(f"{w}: malformed record ({type(exc).__name__}: {exc})") from None
     raise InputError(f"{where}: not a rollout record (keys {sorted(rec)[:6]}); expected the mismatch schema or a "
                      "vLLM, SGLang or OpenAI-compatible output")
 
 
 def _json_records(path: Path) -> list[tuple[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); a dump is JSONL, JSON or .parquet") from None
     if path.suffix == ".json" or text.lstrip().startswith("["):
         try:
             data = json.loads(text)
@@ -259,6 +271,28 @@ def _json_records(path: Path) -> list[tuple[str, Any]]:
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
     return out
+
+
+def _parquet_records(path: Path) -> tuple[Any, list[tuple[str, Any]]]:
+    """(metadata, records) of a parquet dump. Parquet stores `{token_id: logprob}` maps as structs
+    with a field for every id of the column, so the ids a position does not list read back as None:
+    they are dropped."""
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
+    raw_meta = (table.schema.metadata or {}).get(META_KEY.encode())
+    try:
+        meta = json.loads(raw_meta) if raw_meta else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InputError(f"{path}: its {META_KEY} metadata is not JSON") from None
+    records = table.to_pylist()
+    for rec in records:
+        tops = rec.get("top_logprobs")
+        if isinstance(tops, list):
+            rec["top_logprobs"] = [{k: v for k, v in t.items() if v is not None} if isinstance(t, dict) else t
+                                   for t in tops]
+    return meta, [(f"record {i} (row {i})", rec) for i, rec in enumerate(records)]
 
 
 def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
@@ -279,19 +313,15 @@ def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"rollouts file not found: {path}")
-    meta: dict[str, Any] = {}
     if path.suffix == ".parquet":
-        try:
-            table = pq.read_table(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
-        raw_meta = (table.schema.metadata or {}).get(META_KEY.encode())
-        meta = json.loads(raw_meta) if raw_meta else {}
-        records = [(f"record {i} (row {i})", rec) for i, rec in enumerate(table.to_pylist())]
+        raw_meta, records = _parquet_records(path)
     else:
-        records = _json_records(path)
-    if records and isinstance(records[0][1], dict) and set(records[0][1]) == {"meta"}:
-        meta = dict(records.pop(0)[1]["meta"])
+        raw_meta, records = None, _json_records(path)
+        if records and isinstance(records[0][1], dict) and set(records[0][1]) == {"meta"}:
+            raw_meta = records.pop(0)[1]["meta"]
+    if raw_meta is not None and not isinstance(raw_meta, dict):
+        raise InputError(f"{path}: the metadata must be an object of fields, got {str(raw_meta)[:40]!r}")
+    meta = dict(raw_meta or {})
     shapes, out, ids_of = [], [], {}
     for where, rec in records:
         shape, seqs = parse_record(rec, where, tokenizer, ids_of)
@@ -313,7 +343,8 @@ def write_rollouts(path: str | Path, records: list[EngineRollout], meta: dict[st
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
-        table = pa.Table.from_pylist(rows)
+        keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's fields, inferred over all rows
+        table = pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
         pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta or {})}), tmp)
     else:
         lines = ([json.dumps({"meta": meta})] if meta else []) + [json.dumps(r) for r in rows]

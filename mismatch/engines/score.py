@@ -14,6 +14,7 @@ token: the estimate is biased low, by what the two distributions disagree on ins
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -34,21 +35,28 @@ from mismatch.tokenizer import vocab_fingerprint
 BATCH_TOKENS = 8192  # padded tokens per forward pass (B · T)
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "is_ratio", "k3")
 TOPK_COLUMNS = ("topk", "topk_mass_cand", "kl_fwd_topk", "kl_rev_topk")
+REST_TOL = 1e-5  # a rest mass below this is rounding (fp32 log-probs of up to ~20 listed tokens): merged
 
 
 def check_dump(dump: RolloutDump, lm: LM, *, check_text: bool = True) -> None:
-    """Raise a one-line error when `dump` cannot have come from `lm`'s tokenizer and context:
-    the metadata's vocabulary size or fingerprint differ, a token id lies outside the vocabulary, a
-    sequence is longer than the context, or (with `check_text`) a response's ids do not decode to
-    the text the engine printed (neither is a prefix of the other: a stop string may cut the text)."""
+    """Raise a one-line error when `dump` cannot have come from `lm`'s tokenizer and context, or was
+    not sampled at temperature 1: the metadata's vocabulary size or fingerprint differ or its
+    `temperature` is not 1, a token id lies outside the vocabulary, a sequence is longer than the
+    context, or (with `check_text`) a response's ids do not decode to the text the engine printed
+    (`_same_text`)."""
+    if not dump.records:
+        raise InputError(f"{dump.source}: no rollout record")
     vocab = Head.of(lm.model).vocab_size
     meta = dump.meta
-    if "vocab_size" in meta and int(meta["vocab_size"]) != vocab:
+    if "vocab_size" in meta and _meta_number(meta, "vocab_size", dump.source) != vocab:
         raise VocabMismatchError(f"{dump.source}: written for a vocabulary of {meta['vocab_size']}, "
                                  f"{lm.name} has {vocab}")
     if meta.get("vocab_fingerprint") and meta["vocab_fingerprint"] != vocab_fingerprint(lm.tokenizer):
         raise VocabMismatchError(f"{dump.source}: written with another tokenizer than {lm.name}'s "
                                  f"(vocab fingerprint {meta['vocab_fingerprint']})")
+    if "temperature" in meta and _meta_number(meta, "temperature", dump.source) != 1:
+        raise InputError(f"{dump.source}: sampled at temperature {meta['temperature']}; the mismatch is measured "
+                         "on log-probs of temperature-1 sampling (the trainer's distribution)")
     limit = context_length(lm.model)
     for r in dump.records:
         ids = r.prompt_ids + r.response_ids + tuple(t for top in r.top_logprobs or () for t in top)
@@ -59,11 +67,33 @@ def check_dump(dump: RolloutDump, lm: LM, *, check_text: bool = True) -> None:
         if limit is not None and len(r.prompt_ids) + len(r.response_ids) > limit:
             raise InputError(f"{r.where}: {len(r.prompt_ids) + len(r.response_ids)} tokens, longer than "
                              f"{lm.name}'s context of {limit}")
-        if check_text and r.text is not None:
+        if check_text and r.text is not None and not _same_text(lm.tokenizer, r):
             decoded = lm.tokenizer.decode(list(r.response_ids), skip_special_tokens=True)
-            if not (decoded.startswith(r.text) or r.text.startswith(decoded)):
-                raise VocabMismatchError(f"{r.where}: the response ids decode to {decoded[:40]!r} with {lm.name}'s "
-                                         f"tokenizer, the engine printed {r.text[:40]!r}: another tokenizer?")
+            raise VocabMismatchError(f"{r.where}: the response ids decode to {decoded[:40]!r} with {lm.name}'s "
+                                     f"tokenizer, the engine printed {r.text[:40]!r}: another tokenizer?")
+
+
+def _meta_number(meta: dict, key: str, source: str) -> float:
+    try:
+        return float(meta[key])
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{source}: metadata {key} {str(meta[key])[:40]!r} is not a number") from None
+
+
+def _same_text(tokenizer, r: EngineRollout) -> bool:
+    """Whether the engine's printed text is what the response ids decode to, or a prefix of it (a
+    stop string may cut the text). The ids are decoded after the prompt, as engines detokenize, and
+    with and without special tokens; leading whitespace is ignored (SentencePiece decoders drop
+    the space a response starts with when it is decoded alone)."""
+    text = r.text.lstrip()
+    for skip in (True, False):
+        full = tokenizer.decode(list(r.prompt_ids + r.response_ids), skip_special_tokens=skip)
+        prompt = tokenizer.decode(list(r.prompt_ids), skip_special_tokens=skip)
+        alone = tokenizer.decode(list(r.response_ids), skip_special_tokens=skip)
+        after = full[len(prompt):] if full.startswith(prompt) else alone
+        if any(d.lstrip().startswith(text) for d in (after, alone)):
+            return True
+    return False
 
 
 def _batches(records: tuple[EngineRollout, ...], batch_tokens: int) -> list[list[int]]:
@@ -84,6 +114,10 @@ def _batches(records: tuple[EngineRollout, ...], batch_tokens: int) -> list[list
 def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """KL divergences of two distributions coarsened to K listed tokens plus one "rest" outcome.
 
+    A rest mass is 1 − the listed mass. Where either side's is below `REST_TOL` (rounding can put a
+    listed mass at or above 1), the rest outcome is merged into the listed token q rates highest:
+    a further coarsening, so still a lower bound, and no log of a rounding residue.
+
     Args:
         logp_K, logq_K: `[N, K]` log-probs (nats) of the listed tokens under p and q (any value where
             `mask_K` is False).
@@ -93,19 +127,23 @@ def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor) 
         `(kl_pq, kl_qp, mass_q)`, each `[N]` float64: KL(p̄‖q̄), KL(q̄‖p̄) of the coarsened
         distributions (lower bounds of the full ones) and q's listed mass.
     """
-    lp, lq = logp_K.double(), logq_K.double()
-    p, q = lp.exp() * mask_K, lq.exp() * mask_K
-    p_rest = (1.0 - p.sum(-1)).clamp(min=0.0)
-    q_rest = (1.0 - q.sum(-1)).clamp(min=0.0)
+    lq_listed = torch.where(mask_K, logq_K.double(), -math.inf)
+    p, q = torch.where(mask_K, logp_K.double(), -math.inf).exp(), lq_listed.exp()
+    mass_q = q.sum(-1)
+    p_rest, q_rest = 1.0 - p.sum(-1), 1.0 - mass_q
+    merge = (p_rest < REST_TOL) | (q_rest < REST_TOL)
+    top = lq_listed.argmax(-1, keepdim=True)  # q's most likely listed token takes the rest where merged
+    p = p.scatter_add(-1, top, torch.where(merge, p_rest.clamp(min=0.0), 0.0).unsqueeze(-1))
+    q = q.scatter_add(-1, top, torch.where(merge, q_rest.clamp(min=0.0), 0.0).unsqueeze(-1))
+    p_rest, q_rest = torch.where(merge, 0.0, p_rest), torch.where(merge, 0.0, q_rest)
     tiny = torch.finfo(torch.float64).tiny
 
-    def kl(a, la, b, lb, a_rest, b_rest):
-        listed = torch.where(mask_K, a * (la - lb), torch.zeros_like(a)).sum(-1)
-        rest = torch.where(a_rest > 0, a_rest * (a_rest.clamp(min=tiny).log() - b_rest.clamp(min=tiny).log()),
-                           torch.zeros_like(a_rest))
+    def kl(a, b, a_rest, b_rest):
+        listed = torch.where(a > 0, a * (a.clamp(min=tiny).log() - b.clamp(min=tiny).log()), 0.0).sum(-1)
+        rest = torch.where(a_rest > 0, a_rest * (a_rest.clamp(min=tiny).log() - b_rest.clamp(min=tiny).log()), 0.0)
         return (listed + rest).clamp(min=0.0)  # ≥ 0 in exact arithmetic
 
-    return kl(p, lp, q, lq, p_rest, q_rest), kl(q, lq, p, lp, q_rest, p_rest), q.sum(-1)
+    return kl(p, q, p_rest, q_rest), kl(q, p, q_rest, p_rest), mass_q
 
 
 @torch.no_grad()

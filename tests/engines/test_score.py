@@ -149,6 +149,32 @@ def test_truncated_kl_is_a_lower_bound_and_exact_on_the_full_vocabulary(engine, 
     assert exact["kl_rev_topk"].to_numpy() == pytest.approx(kl_rev.numpy(), rel=1e-4, abs=1e-7)
 
 
+def test_truncated_kl_stays_a_lower_bound_when_a_listed_mass_rounds_to_one():
+    """A confident model's fp32 log-probs of its top tokens can sum to ≥ 1: its rest mass is then a
+    rounding residue (0 after clamping) while the other side's is not. The coarse KL must still be
+    ≤ the full one, computed here over every token in float64."""
+    from mismatch.engines.score import coarse_kl
+
+    g = torch.Generator().manual_seed(0)
+    for peak_p, peak_q in ((25.0, 9.0), (9.0, 25.0), (40.0, 3.0)):
+        zp, zq = torch.randn(259, generator=g), torch.randn(259, generator=g, dtype=torch.float64)
+        zp[7], zq[7] = peak_p, peak_q
+        lp, lq = torch.log_softmax(zp, -1), torch.log_softmax(zq, -1)  # fp32 trainer, as the scorer's
+        full_pq = float((lp.double().exp() * (lp.double() - lq)).sum())
+        full_qp = float((lq.exp() * (lq - lp.double())).sum())
+        for k in (1, 2, 5):
+            top = lq.topk(k).indices
+            kl_pq, kl_qp, mass = coarse_kl(lp[top][None], lq[top][None], torch.ones(1, k, dtype=torch.bool))
+            assert 0 <= float(kl_pq) <= full_pq + 1e-9 and 0 <= float(kl_qp) <= full_qp + 1e-9, (peak_p, peak_q, k)
+            assert float(mass) == pytest.approx(float(lq[top].exp().sum()), rel=1e-12)
+    one = torch.ones(1, 2, dtype=torch.bool)  # the engine's listed mass 1 + 4e-8 against a trainer 1% elsewhere
+    kl_pq, _, _ = coarse_kl(torch.tensor([[-0.01, -5.0]]), torch.tensor([[0.0, -17.0]]), one)
+    p = [math.exp(-0.01), math.exp(-5.0)]
+    q = [1.0, math.exp(-17.0)]
+    merged = (p[0] + 1 - sum(p)) * math.log((p[0] + 1 - sum(p)) / q[0]) + p[1] * math.log(p[1] / q[1])
+    assert float(kl_pq) == pytest.approx(merged, rel=1e-9)  # the rest merged into the top token
+
+
 def test_the_check_on_a_dump_of_its_own_calibration_gives_its_numbers(tmp_path):
     lm = mismatch.load("tiny-llama")
     direct = mismatch.check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12,
@@ -187,6 +213,11 @@ def _one(**change):
      "lack the sampled token 74"),
     ({"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}}]}, "no logprobs.content"),
     ({"foo": 1}, "not a rollout record"),
+    (_one(response_token_ids=[74, float("inf")]), "response token id inf is not a token id"),
+    (_one(response_logprobs=[-0.5, -10 ** 400]), "not a number"),
+    ({"input_ids": [1, 72], "meta_info": {"output_token_logprobs": [[-0.1, 74, None]], "output_top_logprobs": [
+        [[-0.1, 74, None], [-2.5, 80, None], [-9.0, 80, None]]]}}, "token 80 is listed twice at response position 0"),
+    (_one(response_text="ab a different continuation"), "another tokenizer?"),
     ({"input_ids": [1], "meta_info": {"output_token_logprobs": None}}, "malformed record (TypeError"),
     ({"prompt_token_ids": [1], "choices": [{"logprobs": {"content": [{"logprob": -1.0}]}}]}, "malformed record (KeyError"),
 ])
@@ -250,3 +281,60 @@ def test_without_the_llama_cpp_extra_an_engine_is_a_one_line_error(tiny, monkeyp
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as on a machine without the extra
     with pytest.raises(mismatch.ModelNotAvailableError, match=r"llama.cpp is not installed: `make engines`"):
         open_engine(tiny("tiny-llama"))
+
+
+def test_the_text_check_takes_a_cut_text_and_a_leading_space_but_not_another_text(tiny):
+    """The engine's text may be cut by a stop string or start with the space a SentencePiece decoder
+    drops from a response decoded alone; text that goes on past the ids, or any text for an
+    EOS-only response, is another tokenizer's."""
+    from mismatch.engines.dumps import RolloutDump
+    from mismatch.engines.score import check_dump
+
+    lm = tiny("tiny-llama")
+    ids = tuple(lm.tokenizer("hello world", add_special_tokens=False)["input_ids"])
+    eos = lm.tokenizer.eos_token_id
+
+    def check(response, text):
+        r = EngineRollout((1, 72), response, (-0.1,) * len(response), text=text, where="record 0")
+        check_dump(RolloutDump((r,), "mem", ("mismatch",)), lm)
+
+    for text in ("hello world", "hello wo", " hello world", ""):
+        check(ids, text)
+    check((eos,), lm.tokenizer.decode([eos]))  # an engine that prints special tokens
+    for response, text in ((ids, "hello world and more"), ((eos,), "a whole paragraph"), (ids, "goodbye")):
+        with pytest.raises(VocabMismatchError, match="another tokenizer"):
+            check(response, text)
+
+
+def test_parquet_keeps_what_jsonl_keeps(engine, tmp_path):
+    """The first record's fields do not decide the columns, and `{id: logprob}` maps (stored by
+    parquet as structs over every id of the column) read back as the maps they were."""
+    lm, records = engine
+    mixed = [EngineRollout(records[0].prompt_ids, records[0].response_ids, records[0].logprobs), *records[1:]]
+    jsonl = read_rollouts(write_rollouts(tmp_path / "m.jsonl", mixed)).records
+    parquet = read_rollouts(write_rollouts(tmp_path / "m.parquet", mixed)).records
+    assert [(r.top_logprobs, r.text) for r in parquet] == [(r.top_logprobs, r.text) for r in jsonl]
+    assert parquet[1].top_logprobs == records[1].top_logprobs and parquet[0].top_logprobs is None
+    rows = [{**_one(), "top_logprobs": [{"74": -0.5, "80": -1.2}, {"75": -1.0, "81": -0.7}]}]
+    pd.DataFrame(rows).to_parquet(tmp_path / "maps.parquet")
+    assert read_rollouts(tmp_path / "maps.parquet").records[0].top_logprobs == ({74: -0.5, 80: -1.2},
+                                                                               {75: -1.0, 81: -0.7})
+
+
+def test_unreadable_files_and_metadata_are_one_line_errors(tiny, tmp_path):
+    lm = tiny("tiny-llama")
+    (tmp_path / "gz.jsonl").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    cases = [(tmp_path / "gz.jsonl", "not UTF-8 text"),
+             (_jsonl(tmp_path / "m1.jsonl", [{"meta": "vllm"}, _one()]), "the metadata must be an object"),
+             (_jsonl(tmp_path / "m2.jsonl", [{"meta": {"vocab_size": "32k"}}, _one()]),
+              "vocab_size '32k' is not a number"),
+             (_jsonl(tmp_path / "m3.jsonl", [{"meta": {"temperature": 0.7}}, _one()]), "sampled at temperature 0.7")]
+    for path, message in cases:
+        with pytest.raises(InputError) as err:
+            score_rollouts(lm, path)
+        assert message in str(err.value) and "\n" not in str(err.value)
+    at_one = _jsonl(tmp_path / "t1.jsonl", [{"meta": {"temperature": 1}}, _one()])
+    assert score_rollouts(lm, at_one).summary["tokens"] == 2
+    from mismatch.engines.dumps import RolloutDump
+    with pytest.raises(InputError, match="no rollout record"):
+        score_rollouts(lm, RolloutDump((), "empty", ()))
