@@ -111,8 +111,11 @@ def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tens
     `kl` = mean(−log r) (the k1 estimate of KL(π_R ‖ π_train)), `k3` = mean(r − 1 − log r) (the
     k3 estimate of the same KL), `logp_abs_diff_mean` / `_max` = |log r|,
     `is_ratio_outside_frac` = share of r outside [1/clip, clip], `chi2_token` = E[r²] − 1.
-    All exactly 0 when the two policies give identical log-probs.
+    All exactly 0 when the two policies give identical log-probs. No token, or two shapes: `InputError`.
     """
+    if logp_train_N.shape != logp_rollout_N.shape or logp_train_N.numel() == 0:
+        raise InputError(f"need two [N] log-prob tensors with N ≥ 1, got {tuple(logp_train_N.shape)} and "
+                         f"{tuple(logp_rollout_N.shape)}")
     log_r = logp_train_N.double() - logp_rollout_N.double()
     r = log_r.exp()
     return {
@@ -131,9 +134,11 @@ def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) 
     return sums / counts
 
 
-def _checked(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
+def checked_inputs(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inputs as float64 / int64 after the checks `rollout_stats` documents."""
+    """`[N]` log-probs under training and rollout and `[N]` sequence indices, as float64 / float64 /
+    int64, after the checks `rollout_stats` documents (shapes, no token, log-probs finite and ≤ 0,
+    sequences 0..S-1 each with a token): a one-line `InputError` otherwise."""
     if not (logp_train_N.shape == logp_rollout_N.shape == seq_N.shape) or logp_train_N.dim() != 1:
         raise InputError(f"need three [N] tensors, got {tuple(logp_train_N.shape)}, "
                          f"{tuple(logp_rollout_N.shape)}, {tuple(seq_N.shape)}")
@@ -166,7 +171,7 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
         InputError: shapes differ, no token, a sequence without tokens, or a NaN/Inf/positive
             log-probability.
     """
-    lt, lr_, seq = _checked(logp_train_N, logp_rollout_N, seq_N)
+    lt, lr_, seq = checked_inputs(logp_train_N, logp_rollout_N, seq_N)
     n_seq = int(seq.max()) + 1
     log_r = lt - lr_
     r = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()

@@ -36,7 +36,7 @@ from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
 from mismatch.errors import InputError
-from mismatch.metrics import sampled_token_metrics
+from mismatch.metrics import checked_inputs, sampled_token_metrics
 from mismatch.models import LM, context_length
 from mismatch.pairs.registry import PAIRS, load_member
 from mismatch.perturb import parse_spec, perturbed, select
@@ -153,8 +153,11 @@ def response_budget(lm: LM, cal: Calibration, chat: bool, wanted: int) -> int:
 
 
 def _bootstrap(values: dict[str, float], stat, seq_N: torch.Tensor, seed: int) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of each statistic in `values` over `BOOTSTRAP` resamples of the sequences."""
+    """95% percentile intervals of each statistic in `values` over `BOOTSTRAP` resamples of the sequences;
+    NaN (so every decision is uncertain) with fewer than 2 sequences, where resampling shows no spread."""
     n_seq = int(seq_N.max()) + 1
+    if n_seq < 2:
+        return {k: (math.nan, math.nan) for k in values}
     rows_of = [torch.nonzero(seq_N == s).squeeze(1) for s in range(n_seq)]
     gen = torch.Generator().manual_seed(seed)
     draws: dict[str, list[float]] = {k: [] for k in values}
@@ -183,7 +186,9 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[s
     by_settings: dict[str, list[dict]] = {}
     for r in rows:
         by_settings.setdefault(r["settings"], []).append(r)
-    ladder = max(by_settings.values(), key=len)  # the settings the level ladder ran with
+    # the settings the level ladder ran with; among equally long ladders the one at OPD's default
+    # of no TIS (the study runs reuse with and without it)
+    ladder = max(by_settings.values(), key=lambda rs: (len(rs), "tis_cap off" in rs[0]["settings"]))
     match = [r for r in ladder if float(r["level"]) == float(level)]
     if not match:
         levels = ", ".join(str(r["level"]) for r in ladder)
@@ -240,6 +245,8 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
     cal = calibration_prompts(name, prompts, n_prompts, seed)
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
     new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
     table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
@@ -378,8 +385,9 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
         `(metrics, decisions)` as in `Admission`.
     """
     gates = gates if gates is not None else _gates(None, load_thresholds())
-    logp_train, logp_rollout = logp_train_N.double(), logp_rollout_N.double()
-    seq = torch.unique(seq_N.long(), return_inverse=True)[1]
+    labels = seq_N.long() if seq_N.numel() else seq_N.long().reshape(0)
+    relabelled = torch.unique(labels, return_inverse=True)[1] if labels.dim() == 1 else labels
+    logp_train, logp_rollout, seq = checked_inputs(logp_train_N, logp_rollout_N, relabelled)
 
     def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
         own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
@@ -387,14 +395,30 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
                 **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
 
     metrics = stats(torch.arange(len(seq)), seq)
+    unknown = sorted({g.metric for g in gates} - set(metrics))
+    if unknown:
+        raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of {', '.join(sorted(metrics))}")
     intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
     return metrics, [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
                               decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
 
 
+def gate_statistics() -> set[str]:
+    """The names a gate can judge: the check's `mismatch_*` statistics and the frameworks' names."""
+    one = torch.zeros(2, dtype=torch.float64)
+    return ({f"mismatch_{k}" for k in sampled_token_metrics(one, one, 2.0)}
+            | set(rollout_stats(one, one, torch.tensor([0, 1]))))
+
+
 def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds) -> list[Gate]:
     """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds)."""
     if isinstance(thresholds, dict):
+        if not thresholds:
+            raise InputError("no gate: give at least one {statistic: limit}")
+        unknown = sorted(set(thresholds) - gate_statistics())
+        if unknown:
+            raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of "
+                             f"{', '.join(sorted(gate_statistics()))}")
         return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
     limit = table.limits[table.primary]
     lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])

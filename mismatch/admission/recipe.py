@@ -42,7 +42,8 @@ class Recipe:
 
     spec: str
     kept: list[str]  # module names kept in high precision (fused groups whole)
-    layers: str  # the mismatch layer scope (regex) of the quantized modules: `perturbed(model, spec, layers=…)`
+    layers: str | None  # the mismatch layer scope (regex) of the quantized modules: `perturbed(model, spec,
+    # layers=…)`; None when every module is kept (nothing is quantized: roll out with the model itself)
     vllm_ignored_layers: list[str]
     llmcompressor_ignore: list[str]
     kept_fraction: float  # share of the scope's linear weights kept in high precision
@@ -180,7 +181,7 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     frac = _params(model, kept) / _params(model, names)
     bits = getattr(parse_spec(spec), "weight_bits", math.nan)
     vllm, llmc = exports(model, kept)
-    layers = scope if not kept else exact_scope(rest) if rest else "none"
+    layers = scope if not kept else exact_scope(rest) if rest else None
     return Recipe(spec=spec, kept=kept, layers=layers, vllm_ignored_layers=vllm,
                   llmcompressor_ignore=llmc, kept_fraction=frac,
                   bits_per_weight=frac * HIGH_PRECISION_BITS + (1 - frac) * bits, verified_status=status,

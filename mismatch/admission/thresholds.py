@@ -72,9 +72,13 @@ class Thresholds:
         if not path.is_file():
             raise InputError(f"thresholds file not found: {path}")
         try:
-            return cls(**json.loads(path.read_text(encoding="utf-8")))
+            table = cls(**json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TypeError) as exc:
             raise InputError(f"{path} is not a thresholds file ({exc})") from None
+        if table.primary not in table.limits:
+            raise InputError(f"{path}: its primary statistic {table.primary!r} has no limit (limits: "
+                             f"{', '.join(table.limits) or 'none'})")
+        return table
 
 
 def _jsonable(value):
@@ -115,8 +119,11 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
 
 def fit_limit(x: np.ndarray, tolerated: np.ndarray) -> float:
     """The one-sided limit (admit when x ≤ limit) that best separates `tolerated` (bool) from not:
-    geometric midpoint of the best split by balanced accuracy, widest log gap among ties; the largest
-    tolerated value when no point is not tolerated (NaN when there is no point)."""
+    the midpoint of the best split by balanced accuracy (geometric between positive values, else
+    arithmetic), widest log gap among ties (a split at or below 0 has no scale and loses ties).
+    The largest tolerated value when no point is not tolerated, or when no split beats "always
+    admit" (balanced accuracy 0.5); just below the smallest value when no point is tolerated; NaN
+    when there is no point."""
     x, tolerated = np.asarray(x, dtype=float), np.asarray(tolerated, dtype=bool)
     keep = np.isfinite(x)
     x, tolerated = x[keep], tolerated[keep]
@@ -125,15 +132,18 @@ def fit_limit(x: np.ndarray, tolerated: np.ndarray) -> float:
     if tolerated.all():
         return float(x.max())
     if not tolerated.any():
-        return float(x.min()) / 2.0
-    values = np.unique(np.maximum(x, 1e-300))
-    best, best_key = math.nan, (-1.0, -1.0)
+        low = float(x.min())
+        return low / 2.0 if low > 0 else float(np.nextafter(low, -np.inf))
+    values = np.unique(x)
+    best, best_key = math.nan, (-1.0, -math.inf)
     for lo, hi in zip(values[:-1], values[1:]):
         admit = x <= lo
         bal = 0.5 * (admit[tolerated].mean() + (~admit[~tolerated]).mean())
-        key = (round(bal, 12), math.log(hi) - math.log(lo))
+        key = (round(bal, 12), math.log(hi) - math.log(lo) if lo > 0 else -math.inf)
         if key > best_key:
-            best, best_key = math.sqrt(lo * hi), key
+            best, best_key = (math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2.0), key
+    if best_key[0] <= 0.5:  # anti-predictive or no better than admitting everything
+        return float(x[tolerated].max())
     return best
 
 

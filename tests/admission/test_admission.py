@@ -2,6 +2,7 @@
 the decision rules, the staleness carry-over, determinism and the CLI's exit codes."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -104,6 +105,38 @@ def test_bad_input_is_a_clear_error():
         check(lm, "noise:0", prompts=["x" * 200])
     with pytest.raises(InputError, match="unknown gate preset"):
         check(lm, "noise:0", prompts=PROMPTS, presets=("trl",))
+    with pytest.raises(InputError, match="no gate"):
+        check(lm, "noise:0", prompts=PROMPTS, thresholds={})
+    with pytest.raises(InputError, match="no statistic 'kl' to gate"):
+        check(lm, "noise:0", prompts=PROMPTS, thresholds={"kl": 0.1})
+    with pytest.raises(InputError, match="max_new_tokens must be ≥ 1, got 0"):
+        check(lm, "noise:0", prompts=PROMPTS, max_new_tokens=0)
+
+
+def test_judge_checks_its_inputs_and_one_sequence_gives_no_interval():
+    from mismatch.admission import judge
+
+    gate = [mismatch.admission.Gate("mismatch_kl", 0.3, "x")]
+    lp = -torch.rand(10, generator=torch.Generator().manual_seed(0))
+    for train, rollout, seq, message in ((lp, lp, torch.zeros(5), "need three"), (lp[:0], lp[:0], lp[:0], "no sampled"),
+                                         (lp, lp.clone().fill_(float("nan")), torch.zeros(10), "finite")):
+        with pytest.raises(InputError, match=message):
+            judge(train, rollout, seq, gate)
+    with pytest.raises(InputError, match="no statistic 'kl'"):
+        judge(lp, lp, torch.zeros(10), [mismatch.admission.Gate("kl", 0.3, "x")])
+    # one sequence, however far apart the policies: resampling it shows no spread, so no decision
+    metrics, [d] = judge(lp, lp - 0.9, torch.zeros(10), gate)
+    assert metrics["mismatch_kl"] == pytest.approx(-0.9) and math.isnan(d.low) and d.status == "uncertain"
+    _, [d2] = judge(lp, lp - 0.9, torch.arange(10) // 5, gate)  # two sequences: an interval again
+    assert not math.isnan(d2.low) and d2.status == "admit"
+
+
+def test_reuse_carries_over_the_verdict_at_the_default_without_tis():
+    rows = [{**LAGGED[0], "source": "reuse", "level": 2, "settings": settings, "verdict": verdict}
+            for settings, verdict in (("lr 0.001, tis_cap 2", "tolerated"), ("lr 0.001, tis_cap off", "not tolerated"))]
+    got = check(mismatch.load("tiny-llama"), "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, rows),
+                max_new_tokens=4, reuse=2)
+    assert got.status == "reject" and "tis_cap off" in got.notes[0]
 
 
 @pytest.mark.parametrize("args, code", [(["--rollout", "noise:0"], 0), (["--rollout", "noise:2.0"], 1),
@@ -137,3 +170,12 @@ def test_judging_a_loops_own_log_probs_gives_the_checks_numbers():
     assert metrics["mismatch_kl"] == pytest.approx(got.metrics["mismatch_kl"], rel=1e-5)
     assert decisions[0].status == got.decisions[0].status
     assert (decisions[0].low, decisions[0].high) == pytest.approx((got.decisions[0].low, got.decisions[0].high), rel=1e-4)
+
+
+def test_a_recipe_that_keeps_every_module_has_no_quantized_scope():
+    """A gate no quantized module can pass keeps everything: nothing is quantized, so the recipe's
+    scope is None (not a scope string that selects nothing), and it keeps all the weights."""
+    got = check(mismatch.load("tiny-qwen3"), "int4:group32", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-9},
+                max_new_tokens=6, recipe=True)
+    assert got.recipe["layers"] is None and got.recipe["kept_fraction"] == 1.0
+    assert got.recipe["bits_per_weight"] == 16.0

@@ -41,6 +41,19 @@ def test_fit_limit_reaches_the_best_balanced_accuracy_with_the_widest_gap(seed):
 
 def test_fit_limit_without_a_failure_is_the_largest_tolerated_value():
     assert fit_limit(np.array([0.1, 0.3, np.nan]), np.array([True, True, False])) == 0.3
+
+
+def test_fit_limit_at_its_edges():
+    T, F = True, False
+    # nothing tolerated: the limit admits nothing, also when values are ≤ 0 (the k1 estimate can be < 0)
+    for x in ([0.2, 0.5], [-0.01, 0.5], [0.0, 0.5]):
+        assert fit_limit(np.array(x), np.array([F, F])) < min(x)
+    # no split beats admitting everything (the data run the other way): the largest tolerated value
+    assert fit_limit(np.array([0.01, 0.1]), np.array([F, T])) == 0.1
+    # a split through 0 has no log gap: it loses a tie to a split between positive values
+    assert fit_limit(np.array([-1e-5, 0.01, 0.2, 1.0]), np.array([T, F, T, F])) == pytest.approx(math.sqrt(0.2))
+    # only a split through 0 separates: the arithmetic midpoint
+    assert fit_limit(np.array([-0.003, -0.001, 0.5]), np.array([T, F, F])) == pytest.approx(-0.002)
     assert bracket(np.array([0.1, 0.3, 2.0]), np.array([True, True, False]), 0.5) == [0.3, 2.0]
 
 
