@@ -141,6 +141,13 @@ def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_pr
     return Calibration(texts[:n_prompts], source, None)
 
 
+def _wanted_tokens(max_new_tokens: int | None, cal: Calibration) -> int:
+    """New tokens per calibration response: as given, else the calibration set's, else 128."""
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+    return max_new_tokens or cal.max_new_tokens or 128
+
+
 def response_budget(lm: LM, cal: Calibration, chat: bool, wanted: int) -> int:
     """`wanted` new tokens, capped so the longest prompt plus its response fits the model's context."""
     limit = context_length(lm.model)
@@ -245,9 +252,7 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
     cal = calibration_prompts(name, prompts, n_prompts, seed)
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-    new_tokens = response_budget(lm, cal, use_chat, max_new_tokens or cal.max_new_tokens or 128)
+    new_tokens = response_budget(lm, cal, use_chat, _wanted_tokens(max_new_tokens, cal))
     table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
