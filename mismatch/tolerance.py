@@ -103,7 +103,9 @@ def run_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02
 
     def settings(run_id: str) -> str:
         cfg = configs.loc[run_id]
-        return ", ".join(f"{f} {_short(cfg[f])}" for f in varying) or "default"
+        layers = cfg.get("layers")  # a rollout field: runs with other scopes are other levels
+        scope = [f"layers {layers}"] if isinstance(layers, str) and layers != "linear" else []
+        return ", ".join([*(f"{f} {_short(cfg[f])}" for f in varying), *scope]) or "default"
 
     sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
     return table.assign(source=[s for s, _ in sources], level=[lv for _, lv in sources],
@@ -120,11 +122,13 @@ def _short(value: object) -> str:
 
 def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
-    over seeds): seeds,
-    mean mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
+    over seeds; runs sharing a seed are averaged into one value first): seeds (distinct), mean
+    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     out = []
-    for (pair, source, settings, level), group in judged.groupby(["pair", "source", "settings", "level"], sort=False):
+    for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
+        # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
+        group = runs_of.groupby("seed", sort=False)[["acc_delta", "kl_ratio", "mismatch_kl"]].mean()
         acc, acc_hw = t_interval(group["acc_delta"].dropna())
         kl, kl_hw = t_interval(group["kl_ratio"].dropna())
         verdicts = [_judge(kl, kl_hw, 1 + kl_tol, upper=True)]

@@ -145,3 +145,30 @@ def test_an_engine_is_a_source_of_its_own_ordered_by_bits():
     assert source_level("engine:llama.cpp,q8_0") == ("engine", "engine:llama.cpp,q8_0")
     assert source_level("engine:llama.cpp,f16", 2) == ("engine", "engine:llama.cpp,f16 + stale:2")
     assert [weight_bits(f"engine:llama.cpp,{w}") for w in ("f32", "f16", "q8_0", "q4_1", "q4_0")] == [32, 16, 8.5, 5, 4.5]
+
+
+def test_one_seed_counts_once_and_other_scopes_are_other_levels():
+    """Two runs of one seed (the same spec spelt two ways: two run ids, one level) are one
+    observation: no interval, so not called tolerated. Runs on another layer scope are not pooled
+    with the default scope's."""
+    frames = [_run(BASE, 0.40, 1.0)]
+    for rollout in ("fp8-e4m3", "fp8-e4m3:channel"):  # one level, one seed
+        frames.append(_run(dataclasses.replace(BASE, rollout=rollout), 0.40, 1.05))
+    for seed in (0, 1):
+        frames.append(_run(dataclasses.replace(BASE, seed=seed, rollout="int8:channel"), 0.40, 1.0))
+        frames.append(_run(dataclasses.replace(BASE, seed=seed, rollout="int8:channel", layers="attn"), 0.30, 3.0))
+    frames.append(_run(dataclasses.replace(BASE, seed=1), 0.40, 1.0))
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True)))
+    fp8 = levels[levels["level"] == "fp8-e4m3:channel"].iloc[0]
+    assert fp8["seeds"] == 1 and math.isnan(fp8["kl_ratio_hw"]) and fp8["verdict"] == "uncertain"
+    int8 = levels[levels["level"] == "int8:channel"].set_index("settings")
+    assert sorted(int8.index) == ["default", "layers attn"] and (int8["seeds"] == 2).all()
+    assert int8.loc["default", "kl_ratio"] == 1.0 and int8.loc["layers attn", "kl_ratio"] == 3.0
+
+
+def test_a_clean_twin_at_zero_kl_gives_a_ratio_not_a_crash():
+    from mismatch.opd.verdict import verdict
+
+    clean = [{"step": 2, "metric": "heldout_rkl", "value": 0.0}]
+    for run_kl, ratio in ((0.0, 1.0), (0.5, math.inf)):
+        assert verdict(clean, [{"step": 2, "metric": "heldout_rkl", "value": run_kl}])["kl_ratio"] == ratio

@@ -54,7 +54,9 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.1
         "clean_heldout_accuracy": final_value(clean_rows, "heldout_accuracy", at_most=common),
         "run_heldout_accuracy": final_value(run_rows, "heldout_accuracy", at_most=common),
     }
-    out["kl_ratio"] = out["run_heldout_rkl"] / out["clean_heldout_rkl"]
+    clean_kl = out["clean_heldout_rkl"]
+    out["kl_ratio"] = out["run_heldout_rkl"] / clean_kl if clean_kl != 0 else (  # a clean run at KL 0
+        1.0 if out["run_heldout_rkl"] == 0 else math.inf)
     out["acc_delta"] = out["run_heldout_accuracy"] - out["clean_heldout_accuracy"]
     ok = out["kl_ratio"] <= 1.0 + kl_tol
     if not math.isnan(out["acc_delta"]):

@@ -39,7 +39,7 @@ from pathlib import Path
 from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import make_config
-from mismatch.pairs.registry import PAIRS
+from mismatch.pairs.registry import PAIRS, pair_spec
 from mismatch.probe_runs import ProbeConfig
 from mismatch.tomlfile import read_toml
 
@@ -86,8 +86,23 @@ def _list(part: dict, key: str, where: str, default: list | None = None) -> list
     return value
 
 
+def _numbers(part: dict, key: str, where: str, default: list, kind: type) -> list:
+    """`_list(part, key, …)` with each entry converted by `kind` (`float`, `int`): one-line errors."""
+    out = []
+    for value in _list(part, key, where, default):
+        try:
+            if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            out.append(kind(value))
+        except (TypeError, ValueError):
+            raise InputError(f"{where}: {key} holds {value!r}, not {'an integer' if kind is int else 'a number'}") from None
+    return out
+
+
 def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
     where = f"{where}: [static]"
+    if not isinstance(part.get("texts", []), list):
+        raise InputError(f"{where}: texts must be a list of strings, got {part['texts']!r}")
     prompts = part.get("prompts")
     if prompts is not None and (base_dir / prompts).is_file():
         prompts = str(base_dir / prompts)
@@ -100,7 +115,7 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
         layers = _list(part, "layers", where, ["linear"])
     scopes = [(scope, False) for scope in layers] + ([("linear", True)] if each_layer else [])
     configs = []
-    for model, seed, (scope, each) in itertools.product(_list(part, "models", where), _list(part, "seeds", where, [0]),
+    for model, seed, (scope, each) in itertools.product(_list(part, "models", where), _numbers(part, "seeds", where, [0], int),
                                                          scopes):
         try:
             configs.append(ProbeConfig(reference=model, perturb=perturb, layers=scope, each_layer=each, seed=seed,
@@ -113,6 +128,8 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
 def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     where = f"{where}: [dynamic]"
     settings = part.get("settings", {})
+    if not isinstance(settings, dict):
+        raise InputError(f"{where}.settings must be a table of OPD settings, got {settings!r}")
     fields = {f.name for f in dataclasses.fields(OPDConfig)} - GRID_FIELDS  # staleness, layers: shared settings
     unknown = sorted(set(settings) - fields)
     if unknown:
@@ -120,17 +137,24 @@ def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     for pair in _list(part, "pairs", where):
         if pair not in PAIRS and not str(pair).endswith(".toml"):
             raise InputError(f"{where}: unknown pair {pair!r} in pairs; known: {', '.join(PAIRS)}")
+        if str(pair).endswith(".toml"):
+            try:
+                pair_spec(str(pair))  # the file exists and declares a pair
+            except InputError as exc:
+                raise InputError(f"{where}: pairs: {str(exc).splitlines()[0]}") from None
     grid = itertools.product(_list(part, "pairs", where), _list(part, "losses", where, ["full-rkl"]),
-                             _list(part, "lrs", where, [OPDConfig.lr]), _list(part, "tis_caps", where, [0]),
-                             _list(part, "seeds", where, [0]), _list(part, "rollouts", where, ["none"]))
+                             _numbers(part, "lrs", where, [OPDConfig.lr], float),
+                             _numbers(part, "tis_caps", where, [0], float), _numbers(part, "seeds", where, [0], int),
+                             _list(part, "rollouts", where, ["none"]))
     runs: list[OPDConfig] = []
     for pair, loss, lr, tis, seed, rollout in grid:
         try:
-            config = make_config(**settings, pair=pair, loss=loss, lr=float(lr), tis_cap=float(tis) if tis else None,
-                                 seed=int(seed), rollout=str(rollout))
+            config = make_config(**settings, pair=pair, loss=loss, lr=lr, tis_cap=tis or None, seed=seed,
+                                 rollout=str(rollout))
         except InputError as exc:
             raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None
         for run in (config.clean(), config):  # the baseline first, each configuration once
+            run = run.clean() if run.is_clean else run  # reuse:1, stale:0 … train exactly as clean
             if run not in runs:
                 runs.append(run)
     return tuple(runs)
@@ -166,6 +190,8 @@ def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -
         raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
     static = [c for part, label in _blocks(cfg, "static", STATIC_KEYS, where) for c in _static(part, label, base_dir)]
     dynamic = [c for part, label in _blocks(cfg, "dynamic", DYNAMIC_KEYS, where) for c in _dynamic(part, label)]
+    if not static and not dynamic:
+        raise InputError(f"{where}: the study plans no run (its [static] and [dynamic] tables are empty)")
     return Plan(tuple(dict.fromkeys(static)), tuple(dict.fromkeys(dynamic)))
 
 

@@ -85,6 +85,12 @@ def test_static_groups_share_a_reference_per_model_seed_and_scope(study, tmp_pat
     (("seeds = [0, 1, 2]", "seeds = []"), "seeds must be a non-empty list"),
     (('name = "tiny"', 'name = "tiny"\nsweep = 1'), "unknown key 'sweep'"),
     (("prompts = \"p.txt\"", ""), "[static]: give exactly one prompt source"),
+    (("lrs = [1e-3]", 'lrs = ["abc"]'), "[dynamic]: lrs holds 'abc', not a number"),
+    (("seeds = [0, 1, 2]", 'seeds = [0, "a"]'), "[dynamic]: seeds holds 'a', not an integer"),
+    (("seeds = [0, 1]", "seeds = [0.5]"), "[static]: seeds holds 0.5, not an integer"),
+    (('"reverse-qwen3"]', '"nope.toml"]'), "[dynamic]: pairs: pair file not found: nope.toml"),
+    (("max_prompts = 2", 'max_prompts = 2\ntexts = "hi"'), "[static]: texts must be a list of strings"),
+    (("[dynamic.settings]\nsteps = 40\nbatch_size = 64", "settings = 3"), "[dynamic].settings must be a table"),
 ])
 def test_bad_studies_are_one_line_errors_naming_file_and_key(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
@@ -104,6 +110,16 @@ def test_missing_and_invalid_files(tmp_path):
         load_study(tmp_path / "x.toml")
     with pytest.raises(InputError, match="needs a \\[static\\] or a \\[dynamic\\] table"):
         plan_study({"name": "empty"})
+    with pytest.raises(InputError, match="plans no run"):
+        plan_study({"name": "empty", "static": [], "dynamic": []})
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe name")
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        load_study(tmp_path / "bin.toml")
+
+
+def test_a_rollout_that_trains_exactly_as_clean_is_planned_as_the_clean_run():
+    plan = plan_study({"dynamic": {"pairs": ["sort-gpt2"], "rollouts": ["none", "reuse:1", "stale:0", "fp8-e4m3"]}})
+    assert [c.rollout for c in plan.opd] == ["none", "fp8-e4m3"]
 
 
 def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
