@@ -106,6 +106,9 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
     prompts = part.get("prompts")
     if prompts is not None and (base_dir / prompts).is_file():
         prompts = str(base_dir / prompts)
+    elif prompts is not None and not Path(prompts).is_file():
+        raise InputError(f"{where}: prompts file not found: {prompts} (relative to the study file or the working "
+                         "directory)")
     shared = {k: part[k] for k in ("max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                                    "per_layer", "ref_dtype") if k in part}
     perturb = tuple(_list(part, "perturb", where))

@@ -91,6 +91,7 @@ def test_static_groups_share_a_reference_per_model_seed_and_scope(study, tmp_pat
     (('"reverse-qwen3"]', '"nope.toml"]'), "[dynamic]: pairs: pair file not found: nope.toml"),
     (("max_prompts = 2", 'max_prompts = 2\ntexts = "hi"'), "[static]: texts must be a list of strings"),
     (("[dynamic.settings]\nsteps = 40\nbatch_size = 64", "settings = 3"), "[dynamic].settings must be a table"),
+    (('prompts = "p.txt"', 'prompts = "nofile.txt"'), "[static]: prompts file not found: nofile.txt"),
 ])
 def test_bad_studies_are_one_line_errors_naming_file_and_key(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
