@@ -135,7 +135,7 @@ def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) 
 
 
 def checked_inputs(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`[N]` log-probs under training and rollout and `[N]` sequence indices, as float64 / float64 /
     int64, after the checks `rollout_stats` documents (shapes, no token, log-probs finite and ≤ 0,
     sequences 0..S-1 each with a token): a one-line `InputError` otherwise."""

@@ -128,7 +128,7 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
     out = []
     for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
-        group = runs_of.groupby("seed", sort=False)[["acc_delta", "kl_ratio", "mismatch_kl"]].mean()
+        group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl"]].mean()
         acc, acc_hw = t_interval(group["acc_delta"].dropna())
         kl, kl_hw = t_interval(group["kl_ratio"].dropna())
         verdicts = [_judge(kl, kl_hw, 1 + kl_tol, upper=True)]

@@ -390,8 +390,8 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
         `(metrics, decisions)` as in `Admission`.
     """
     gates = gates if gates is not None else _gates(None, load_thresholds())
-    labels = seq_N.long() if seq_N.numel() else seq_N.long().reshape(0)
-    relabelled = torch.unique(labels, return_inverse=True)[1] if labels.dim() == 1 else labels
+    labels = seq_N.long()
+    relabelled = torch.unique(labels, return_inverse=True)[1] if labels.dim() == 1 else labels  # 0..S-1
     logp_train, logp_rollout, seq = checked_inputs(logp_train_N, logp_rollout_N, relabelled)
 
     def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
