@@ -397,9 +397,15 @@ def probe(
     fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.pred_index, stats, replay=ref)
     _verify_head(head, fwd, cand_name)
     tok = _token_metrics(ref, head, fwd.rows_ND, cand_name, chunk_tokens)
+    return _result(ref, tok, stats.rows if stats else [], cand_name, clip)
+
+
+def _result(ref: Reference, tok: dict[str, torch.Tensor], layer_rows: list[dict], cand_name: str, clip: float
+            ) -> ProbeResult:
+    """The `ProbeResult` of per-token metrics `[N]` (and per-layer rows) against `ref`."""
     columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
     per_token = pd.DataFrame({k: v.cpu().numpy() for k, v in columns.items()})[list(TOKEN_COLUMNS)]
-    per_layer_df = pd.DataFrame(stats.rows if stats else [], columns=list(LAYER_COLUMNS))
+    per_layer_df = pd.DataFrame(layer_rows, columns=list(LAYER_COLUMNS))
     return ProbeResult(per_token=per_token, per_layer=per_layer_df, summary=summarize(tok, ref.seq, clip),
                        reference=ref.name, candidate=cand_name)
 
@@ -407,9 +413,7 @@ def probe(
 def _check_candidate(ref: Reference, model: nn.Module, fingerprint: str | None, name: str, head: Head,
                      per_layer: bool) -> None:
     """The candidate shares the reference's vocabulary (and, for per_layer, its layers) and fits the inputs."""
-    if head.vocab_size != ref.head.vocab_size:
-        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
-                                 f"{name} has {head.vocab_size}")
+    _check_vocab_size(ref, head.vocab_size, name)
     if ref.vocab_fingerprint and fingerprint and ref.vocab_fingerprint != fingerprint:
         raise VocabMismatchError(f"tokenizers of {ref.name} and {name} map tokens to different ids")
     _check_inputs(model, name, ref.input_ids, ref.position_ids, head.vocab_size)
@@ -417,6 +421,12 @@ def _check_candidate(ref: Reference, model: nn.Module, fingerprint: str | None, 
     if per_layer and layer_names != ref.layer_names:
         raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
                          f"{name} has {len(layer_names)}; use per_layer=False")
+
+
+def _check_vocab_size(ref: Reference, vocab_size: int, name: str) -> None:
+    if vocab_size != ref.head.vocab_size:
+        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
+                                 f"{name} has {vocab_size}")
 
 
 def _as_reference(reference: nn.Module | LM | Reference, input_ids, attention_mask, response_mask,
@@ -445,19 +455,24 @@ def _token_metrics(ref: Reference, head: Head, hidden_ND: torch.Tensor, cand_nam
     cand = logprob_chunks(head, hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
     ref_side = (logprob_chunks(ref.head, ref.head_input, chunk_tokens, rows_per_pass=CACHE_ROWS)
                 if ref.logp is None else None)
-    parts = []
-    for at, logp_cand in cand:
-        if ref_side is not None:
-            _, logp_ref = next(ref_side)
-            metrics = token_metrics_(logp_ref, logp_cand, ref.token[at])
-        else:  # the cache is shared by every candidate: read it, never write it
-            metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
-                                     argmax_ref_C=ref.logp_argmax[at])
-        # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
-        _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
-        _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
-        parts.append(metrics)
+    parts = [_scored(ref, at, None if ref_side is None else next(ref_side)[1], logp_cand, cand_name)
+             for at, logp_cand in cand]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _scored(ref: Reference, at: slice, logp_ref: torch.Tensor | None, logp_cand: torch.Tensor,
+            cand_name: str) -> dict[str, torch.Tensor]:
+    """`token_metrics_` of the reference rows `at` (`logp_ref`, or the reference's cache when None)
+    against the candidate's log-probs `[C, V]`, both sides checked finite."""
+    if logp_ref is not None:
+        metrics = token_metrics_(logp_ref, logp_cand, ref.token[at])
+    else:  # the cache is shared by every candidate: read it, never write it
+        metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
+                                 argmax_ref_C=ref.logp_argmax[at])
+    # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
+    _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
+    _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)
+    return metrics
 
 
 def _probe_external(reference, cand: ExternalLM, input_ids, attention_mask, response_mask, per_layer: bool,
@@ -466,9 +481,7 @@ def _probe_external(reference, cand: ExternalLM, input_ids, attention_mask, resp
     if per_layer:
         raise InputError(f"{cand.name} runs outside PyTorch: no per-layer metrics; use per_layer=False")
     ref = _as_reference(reference, input_ids, attention_mask, response_mask, per_layer=False)
-    if cand.vocab_size != ref.head.vocab_size:
-        raise VocabMismatchError(f"vocabulary sizes differ: {ref.name} has {ref.head.vocab_size}, "
-                                 f"{cand.name} has {cand.vocab_size}")
+    _check_vocab_size(ref, cand.vocab_size, cand.name)
     attn = ref.attention_mask.bool()
     if bool((attn.long().diff(dim=1).abs().sum(1) > 2).any()):
         raise InputError(f"{cand.name} needs each sequence's attended tokens contiguous (padding at the ends only)")
@@ -482,14 +495,7 @@ def _probe_external(reference, cand: ExternalLM, input_ids, attention_mask, resp
         for part in token_chunks(len(rows_s), chunk_tokens):
             at = slice(int(rows_s[part.start]), int(rows_s[part.stop - 1]) + 1)
             lq = torch.log_softmax(logits_TV[ref.pos[at] - 1].float(), dim=-1)
-            lp = (ref.logp[at] if ref.logp is not None else
-                  torch.log_softmax(ref.head.logits(ref.head_input[at]), dim=-1))
-            metrics = token_metrics_(lp, lq, ref.token[at], ref_shared=ref.logp is not None)
-            _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
-            _check_finite(metrics["logp_cand"], f"candidate {cand.name}", ref, at)
-            parts.append(metrics)
+            lp = None if ref.logp is not None else torch.log_softmax(ref.head.logits(ref.head_input[at]), dim=-1)
+            parts.append(_scored(ref, at, lp, lq, cand.name))
     tok = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    columns = {"seq": ref.seq, "pos": ref.pos, "token": ref.token, **tok}
-    per_token = pd.DataFrame({k: v.cpu().numpy() for k, v in columns.items()})[list(TOKEN_COLUMNS)]
-    return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)),
-                       summary=summarize(tok, ref.seq, clip), reference=ref.name, candidate=cand.name)
+    return _result(ref, tok, [], cand.name, clip)

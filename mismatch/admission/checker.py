@@ -390,8 +390,7 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
         `(metrics, decisions)` as in `Admission`.
     """
     gates = gates if gates is not None else _gates(None, load_thresholds())
-    labels = seq_N.long()
-    relabelled = torch.unique(labels, return_inverse=True)[1] if labels.dim() == 1 else labels  # 0..S-1
+    relabelled = torch.unique(seq_N.long(), return_inverse=True)[1]  # 0..S-1, the shape of seq_N
     logp_train, logp_rollout, seq = checked_inputs(logp_train_N, logp_rollout_N, relabelled)
 
     def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
@@ -400,12 +399,16 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
                 **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
 
     metrics = stats(torch.arange(len(seq)), seq)
-    unknown = sorted({g.metric for g in gates} - set(metrics))
-    if unknown:
-        raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of {', '.join(sorted(metrics))}")
+    _require_statistics({g.metric for g in gates}, set(metrics))
     intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
     return metrics, [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
                               decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
+
+
+def _require_statistics(names: set[str], known: set[str]) -> None:
+    unknown = sorted(names - known)
+    if unknown:
+        raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of {', '.join(sorted(known))}")
 
 
 def gate_statistics() -> set[str]:
@@ -420,10 +423,7 @@ def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table:
     if isinstance(thresholds, dict):
         if not thresholds:
             raise InputError("no gate: give at least one {statistic: limit}")
-        unknown = sorted(set(thresholds) - gate_statistics())
-        if unknown:
-            raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of "
-                             f"{', '.join(sorted(gate_statistics()))}")
+        _require_statistics(set(thresholds), gate_statistics())  # before any sampling
         return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
     limit = table.limits[table.primary]
     lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
