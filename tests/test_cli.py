@@ -53,15 +53,38 @@ def test_generated_responses_are_scored(tmp_path):
     (["probe", "tiny-llama", "tiny-llama", "--prompts", "/nonexistent.txt"], "not found"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "x" * 200], "longer than"),
 ])
-def test_bad_input_is_one_line_and_keeps_results(tmp_path, args, message):
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_bad_input_is_one_line_and_keeps_results(tmp_path, args, message, overwrite):
     out = tmp_path / "r.parquet"
     ok = runner.invoke(app, ["probe", "tiny-qwen3", "tiny-qwen3", "--text", "keep me", "--out", str(out)])
     assert ok.exit_code == 0
     before = read_results(out)
-    res = runner.invoke(app, [*args, "--out", str(out)] if "--out" not in args else args)
+    res = runner.invoke(app, [*args, "--out", str(out), *overwrite] if "--out" not in args else [*args, *overwrite])
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and message in res.output and res.output.startswith("error:")
     assert read_results(out).equals(before)
+
+
+@pytest.mark.parametrize("dest", ["ds", "r.parquet"])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_candidate_failing_after_another_was_written_loses_nothing(tmp_path, dest, overwrite):
+    """The second candidate's weights overflow (NaN logits) after the first was scored and written:
+    one error line, and the destination holds its earlier run and the first new candidate, with or
+    without --overwrite (which replaces the earlier content only when the whole command succeeds)."""
+    out = tmp_path / dest
+    assert runner.invoke(app, ["probe", "tiny-qwen3", "tiny-qwen3", "--text", "keep me", "--out", str(out)]).exit_code == 0
+    before = read_results(out)
+    res = runner.invoke(app, ["probe", "tiny-llama", "--perturb", "noise:0.1", "--perturb", "noise:1e38",
+                              "--text", "hello there", "--out", str(out), *overwrite])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "NaN/Inf logits" in res.output
+    after = summaries(read_results(out))
+    assert set(before["run_id"]) < set(after["run_id"]) and set(after["perturb"].dropna()) >= {"noise:0.1"}
+    kept = read_results(out).query("run_id in @before.run_id").reset_index(drop=True)
+    assert kept[before.columns].equals(before)
+    if overwrite:  # the same command, succeeding: now the earlier run goes
+        assert runner.invoke(app, ["probe", "tiny-llama", "--perturb", "noise:0.1", "--text", "hello there",
+                                   "--out", str(out), *overwrite]).exit_code == 0
+        assert set(summaries(read_results(out))["perturb"]) == {"noise:0.1"}
 
 
 def test_report_from_results(tmp_path):

@@ -28,5 +28,5 @@ def test_two_token_distributions_by_hand():
     w = torch.tensor([r0, 1.0]) / ((r0 + 1) / 2)
     assert s["is_ess"] == pytest.approx(1 / float((w ** 2).mean()), rel=1e-6)
     assert s["dp_rms"] == pytest.approx(math.sqrt(((0.1 - 0.6) ** 2 + 0) / 2), rel=1e-6)
-    assert s["ppl_ratio"] == pytest.approx(math.exp((math.log(0.6) + math.log(0.25)) / 2
+    assert s["ppl_cand_over_ref"] == pytest.approx(math.exp((math.log(0.6) + math.log(0.25)) / 2
                                                     - (math.log(0.1) + math.log(0.25)) / 2), rel=1e-6)

@@ -16,7 +16,7 @@ from tests.conftest import random_ids
 
 SUMMARY_KEYS = {"tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p90", "kl_fwd_p99", "kl_fwd_p999",
                 "kl_fwd_max", "kl_rev_mean", "k3_mean", "tv_mean", "top1_agree", "logp_abs_diff_mean",
-                "logp_abs_diff_max", "is_ratio_outside_frac", "seq_log_ratio_abs_mean", "ppl_ratio",
+                "logp_abs_diff_max", "is_ratio_outside_frac", "seq_log_ratio_abs_mean", "ppl_cand_over_ref",
                 "chi2_token", "is_ess", "dp_rms", "kl_fwd_p10", "kl_fwd_p1"}
 
 
@@ -102,7 +102,7 @@ def slow_summary(rows, clip=2.0):
         "logp_abs_diff_mean": np.abs(lp - lq).mean(), "logp_abs_diff_max": np.abs(lp - lq).max(),
         "is_ratio_outside_frac": np.mean((r < 1 / clip) | (r > clip)),
         "seq_log_ratio_abs_mean": np.mean([abs(v) for v in per_seq.values()]),
-        "ppl_ratio": math.exp(np.mean(-lq) - np.mean(-lp)),
+        "ppl_cand_over_ref": math.exp(np.mean(-lq) - np.mean(-lp)),
         "chi2_token": np.mean(r ** 2) - 1, "is_ess": 1 / np.mean(w ** 2),
         "dp_rms": math.sqrt(np.mean((np.exp(lq) - np.exp(lp)) ** 2)),
     }
@@ -183,7 +183,7 @@ def test_identical_models_give_exact_zero(tiny, family):
     for key in ("kl_fwd_mean", "kl_fwd_max", "kl_rev_mean", "k3_mean", "tv_mean", "logp_abs_diff_max",
                 "is_ratio_outside_frac", "seq_log_ratio_abs_mean", "chi2_token", "dp_rms"):
         assert s[key] == 0.0, key
-    assert s["top1_agree"] == 1.0 and s["ppl_ratio"] == 1.0 and s["is_ess"] == 1.0
+    assert s["top1_agree"] == 1.0 and s["ppl_cand_over_ref"] == 1.0 and s["is_ess"] == 1.0
     assert (res.per_layer["sqnr_db"] == math.inf).all()
     assert (res.per_layer["rel_l2"] == 0).all()
     np.testing.assert_allclose(res.per_layer["cosine"], 1.0, atol=1e-12)

@@ -90,8 +90,33 @@ def test_parts_are_appended_never_rewritten_and_both_kinds_share_one_dataset(res
     again.finish("opd", opd["run_id"].iloc[0])
     assert all(not p.exists() for p in opd_parts) and first.exists()
     assert read_results(tmp_path / "ds").groupby("kind").size().to_dict() == {"opd": 1, "probe": len(rows) - 2}
-    ResultsWriter(tmp_path / "ds", overwrite=True).write(_opd(cfg, {5: 1.0}))
-    assert read_results(tmp_path / "ds")["step"].tolist() == [5]
+    fresh = ResultsWriter(tmp_path / "ds", overwrite=True)
+    fresh.write(_opd(cfg, {5: 1.0}))
+    assert first.exists()  # overwrite: the earlier content stays until every run of the writer ended
+    fresh.close()
+    assert read_results(tmp_path / "ds")["step"].tolist() == [5] and not first.exists()
+
+
+def test_an_overwrite_that_fails_loses_nothing(result, tmp_path):
+    """`--overwrite` replaces the destination only once the whole writing ended: a failure or an
+    interrupt half-way leaves every earlier run readable (with the new runs written so far)."""
+    cfg = OPDConfig(pair="sort-gpt2")
+    for dest in (tmp_path / "ds", tmp_path / "r.parquet", tmp_path / "r.csv"):
+        with ResultsWriter(dest) as w:
+            w.write(_probe(result, seed=0))
+        old = read_results(dest)
+        for interrupt in (RuntimeError("boom"), KeyboardInterrupt()):
+            with pytest.raises(type(interrupt)):
+                with ResultsWriter(dest, overwrite=True) as w:
+                    w.write(_opd(cfg, {0: 2.0}))
+                    raise interrupt
+            back = read_results(dest)
+            assert set(back["run_id"]) == set(old["run_id"]) | {_opd(cfg, {0: 2.0})["run_id"].iloc[0]}
+            kept = back[back["run_id"].isin(old["run_id"])].reset_index(drop=True)
+            pd.testing.assert_frame_equal(kept[old.columns], old, check_dtype=False)
+        with ResultsWriter(dest, overwrite=True) as w:  # the same writing, ending well: the old runs go
+            w.write(_opd(cfg, {0: 2.0}))
+        assert set(read_results(dest)["kind"]) == {"opd"}
 
 
 def test_csv_keeps_ids_and_block_scopes_as_text(result, tmp_path):
@@ -109,7 +134,8 @@ def test_single_files_append_and_overwrite(result, tmp_path):
     ResultsWriter(path).write(_probe(result, seed=1))
     ResultsWriter(path).write(_probe(result, seed=1))  # the same run again: read back once
     assert read_results(path).groupby("run_id").size().tolist() == [len(_probe(result))] * 2
-    ResultsWriter(path, overwrite=True).write(_probe(result, seed=0))
+    with ResultsWriter(path, overwrite=True) as w:
+        w.write(_probe(result, seed=0))
     assert read_results(path)["seed"].unique().tolist() == [0]
     assert not list(tmp_path.glob(".*tmp"))
 
@@ -159,3 +185,14 @@ def test_rows_are_tidy(result):
     assert len(rows[rows["level"] == "token"]) == len(result.per_token) * 8
     assert rows.groupby(["level", "metric", "seq", "pos", "layer"], dropna=False).size().max() == 1
     assert rows["value"].dtype == "float64" and rows["run_id"].nunique() == 1
+
+
+def test_a_summary_metric_under_its_earlier_name_reads_under_the_new_one(result, tmp_path):
+    """`ppl_ratio` (mismatch ≤ 0.2.0's probe summary, rollout over training perplexity) looked like verl's
+    `rollout_corr/ppl_ratio`, its inverse: it reads back as `ppl_cand_over_ref`, the same number."""
+    rows = _probe(result)
+    old = rows.assign(metric=rows["metric"].replace({"ppl_cand_over_ref": "ppl_ratio"}))
+    assert (old["metric"] == "ppl_ratio").sum() == 1
+    ResultsWriter(tmp_path / "old.parquet").write(old)
+    back = summaries(read_results(tmp_path / "old.parquet")).iloc[0]
+    assert "ppl_ratio" not in back and back["ppl_cand_over_ref"] == result.summary["ppl_cand_over_ref"]

@@ -8,17 +8,20 @@ logp_rollout` (verl's `log_ratio`), `r` the importance ratio π_train / π_rollo
 
 Definitions follow the frameworks' own code, so a number here lines up with their dashboards:
 
-* verl rollout correction (`rollout_corr/…`): `kl` = mean over tokens of −log r (k1 estimate of
-  KL(π_rollout ‖ π_train)); `k3_kl` = mean of r − 1 − log r; `training_ppl` / `rollout_ppl` = mean
-  over sequences of exp(−mean log p) (and their `_log_ppl`); `log_ppl_diff` = mean over sequences of
-  (mean log p_rollout − mean log p_train), with `_abs_diff`, `_max`, `_min`; `ppl_ratio` = mean
-  over sequences of exp(log_ppl_diff); `chi2_token` = mean r² − 1 and `chi2_seq` = mean over
-  sequences of (∏ r)² − 1, log r clamped to ±20 as verl does; token truncated IS at 2
-  (`rollout_is_ratio_fraction_high` / `_low`: share of tokens with r > 2 / r < ½,
-  `rollout_is_eff_sample_size` on weights clamped to [½, 2]); geometric sequence rejection
-  (`rollout_rs_seq_masked_fraction`: share of sequences whose exp(mean log r) lies outside
-  [0.999, 1.001], verl's `decoupled_geo_rs` default) and its per-token veto
-  (`rollout_is_veto_fraction`: sequences holding a token with r < 1e-4).
+* verl 0.9.1 rollout correction (`rollout_corr/…`, `verl/trainer/ppo/rollout_corr_helper.py`,
+  `compute_rollout_correction_and_rejection_mask` with token TIS at 2 and `seq_mean_k1` rejection at
+  "0.999_1.001"; pinned against that function in the tests): `kl` = mean over tokens of −log r (k1
+  estimate of KL(π_rollout ‖ π_train)); `k3_kl` = mean of r − 1 − log r, log r not clamped;
+  `training_ppl` / `rollout_ppl` = mean over sequences of exp(−mean log p) (and their `_log_ppl`);
+  `log_ppl_diff` = mean over sequences of (mean log p_rollout − mean log p_train), with `_abs_diff`,
+  `_max`, `_min`; `ppl_ratio` = mean over sequences of exp(log_ppl_diff) (training over rollout
+  perplexity); `chi2_token` = mean r² − 1 and `chi2_seq` = mean over sequences of (∏ r)² − 1, log r
+  clamped to ±20 as verl does; `rollout_is_ratio_fraction_high` / `_low`: share of tokens with r > 2 /
+  r < ½; `rollout_is_eff_sample_size` = 1 / mean((w / (mean w + 1e-8))²) of the TIS weights
+  w = min(r, 2), truncated from above only; `rollout_rs_seq_masked_fraction`: share of sequences whose
+  mean of log(π_rollout/π_train) (per-token log r clamped to ±20) lies outside [log 0.999, log 1.001].
+  verl 0.9.1 has no veto (mismatch ≤ 0.2.0 logged a `rollout_is_veto_fraction` it does not have).
+  verl's masked means divide by (count + 1e-8); these divide by the count (≤ 1e-8 relative).
 * slime: `train/train_rollout_logprob_abs_diff` = mean over sequences of the mean |log r|; slime's
   CI asserts ≤ 0.1.
 * NeMo RL: `train/token_mult_prob_error` = mean over tokens of exp|log r| (≥ 1); its tests assert

@@ -111,17 +111,22 @@ def _batches(records: tuple[EngineRollout, ...], batch_tokens: int) -> list[list
     return groups
 
 
-def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor, vocab_size: int | None = None
+              ) -> tuple[torch.Tensor, ...]:
     """KL divergences of two distributions coarsened to K listed tokens plus one "rest" outcome.
 
-    A rest mass is 1 − the listed mass. Where either side's is below `REST_TOL` (rounding can put a
-    listed mass at or above 1), the rest outcome is merged into the listed token q rates highest:
-    a further coarsening, so still a lower bound, and no log of a rounding residue.
+    A rest mass is 1 − the listed mass. Where the listed tokens are the whole vocabulary (K ==
+    `vocab_size`) there is no rest outcome: both residues are fp32 rounding and are dropped, so the
+    result is the full KL of the listed log-probs. Otherwise, where either side's rest is below
+    `REST_TOL` (rounding can put a listed mass at or above 1), the rest outcome is merged into the
+    listed token q rates highest: a further coarsening, so still a lower bound, and no log of a
+    rounding residue.
 
     Args:
         logp_K, logq_K: `[N, K]` log-probs (nats) of the listed tokens under p and q (any value where
             `mask_K` is False).
-        mask_K: `[N, K]` which entries are listed.
+        mask_K: `[N, K]` which entries are listed (distinct token ids).
+        vocab_size: the vocabulary's size V; a row listing V tokens has no rest outcome.
 
     Returns:
         `(kl_pq, kl_qp, mass_q)`, each `[N]` float64: KL(p̄‖q̄), KL(q̄‖p̄) of the coarsened
@@ -130,8 +135,10 @@ def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor) 
     lq_listed = torch.where(mask_K, logq_K.double(), -math.inf)
     p, q = torch.where(mask_K, logp_K.double(), -math.inf).exp(), lq_listed.exp()
     mass_q = q.sum(-1)
-    p_rest, q_rest = 1.0 - p.sum(-1), 1.0 - mass_q
-    merge = (p_rest < REST_TOL) | (q_rest < REST_TOL)
+    complete = mask_K.sum(-1) == (-1 if vocab_size is None else vocab_size)  # [N]: no rest outcome
+    p_rest = torch.where(complete, 0.0, 1.0 - p.sum(-1))
+    q_rest = torch.where(complete, 0.0, 1.0 - mass_q)
+    merge = ((p_rest < REST_TOL) | (q_rest < REST_TOL)) & ~complete
     top = lq_listed.argmax(-1, keepdim=True)  # q's most likely listed token takes the rest where merged
     p = p.scatter_add(-1, top, torch.where(merge, p_rest.clamp(min=0.0), 0.0).unsqueeze(-1))
     q = q.scatter_add(-1, top, torch.where(merge, q_rest.clamp(min=0.0), 0.0).unsqueeze(-1))
@@ -181,7 +188,7 @@ def _score_group(lm: LM, records: list[EngineRollout], first_seq: int, chunk_tok
         n = int(bad.nonzero()[0])
         raise NumericsError(f"{records[int(seq_N[n])].where}: {lm.name} produced NaN/Inf logits predicting "
                             f"response position {int(t_N[n]) - len(records[int(seq_N[n])].prompt_ids)}")
-    kl_pq, kl_qp, mass = coarse_kl(top_lp, top_lq, top_mask)
+    kl_pq, kl_qp, mass = coarse_kl(top_lp, top_lq, top_mask, Head.of(lm.model).vocab_size)
     has = top_mask.any(-1)  # tokens without top-k get topk 0 and NaN
     nan = torch.full_like(kl_pq, float("nan"))
     return {"seq": seq_N + first_seq, "pos": t_N, "token": token_N, "logp_ref": logp_N,

@@ -9,6 +9,8 @@ all rows. The CLI's `mismatch opd` is `plan` + `run_all` + `verdict_table`; a sw
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -86,31 +88,38 @@ def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, over
     """
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
     stamp = provenance()
-    frames = []
-    for index, config in enumerate(configs):
-        columns = run_columns(config)
-        pending: list[dict] = []
-
-        def flush(columns=columns, pending=pending) -> None:
-            if writer is not None and pending:
-                writer.write(tidy(pd.DataFrame(pending).assign(level="step"), kind="opd", config=columns, stamp=stamp))
-            pending.clear()
-
-        def on_rows(rows: list[dict], flush=flush, pending=pending) -> None:
-            pending.extend(rows)
-            if any(r["metric"] == "heldout_rkl" for r in rows):  # an evaluation step: a natural flush point
-                flush()
-
-        def on_step(step: int, steps: int, metrics: dict, index=index, name=label(config)) -> None:
-            if progress is not None:
-                progress(index, name, step, steps, metrics)
-
-        try:
-            rows = train(config, on_rows=on_rows, progress=on_step,
-                         save_to=None if save_to is None else save_dir(save_to, configs, config))
-        finally:
-            flush()
-        if writer is not None:  # the run is complete: an earlier copy of it can go
-            writer.finish("opd", run_id("opd", columns))
-        frames.append(tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=columns, stamp=stamp))
+    with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
+        frames = [_run_one(configs, index, writer, stamp, save_to, progress) for index in range(len(configs))]
     return pd.concat(frames, ignore_index=True)
+
+
+def _run_one(configs: Sequence[OPDConfig], index: int, writer: ResultsWriter | None, stamp: dict,
+             save_to: str | Path | None, progress: RunProgress | None) -> pd.DataFrame:
+    """Train `configs[index]`, flushing its rows to `writer` at every evaluation and when it ends or
+    fails; its tidy rows."""
+    config = configs[index]
+    columns = run_columns(config)
+    pending: list[dict] = []
+
+    def flush() -> None:
+        if writer is not None and pending:
+            writer.write(tidy(pd.DataFrame(pending).assign(level="step"), kind="opd", config=columns, stamp=stamp))
+        pending.clear()
+
+    def on_rows(rows: list[dict]) -> None:
+        pending.extend(rows)
+        if any(r["metric"] == "heldout_rkl" for r in rows):  # an evaluation step: a natural flush point
+            flush()
+
+    def on_step(step: int, steps: int, metrics: dict) -> None:
+        if progress is not None:
+            progress(index, label(config), step, steps, metrics)
+
+    try:
+        rows = train(config, on_rows=on_rows, progress=on_step,
+                     save_to=None if save_to is None else save_dir(save_to, configs, config))
+    finally:
+        flush()
+    if writer is not None:  # the run is complete: an earlier copy of it can go
+        writer.finish("opd", run_id("opd", columns))
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=columns, stamp=stamp)

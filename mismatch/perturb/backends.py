@@ -83,6 +83,10 @@ def _bnb_module(lin: nn.Linear, config: BnbConfig, device: torch.device) -> nn.M
         q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
                               compute_dtype=torch.float32, quant_type=config.method)
         q.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type=config.method)
+        # On AVX512-BF16 CPUs bitsandbytes 0.50 repacks the weight at the first forward: it asserts
+        # out_features % 32 == 0 (any other layer fails) and stores the absmax scales in bf16, a
+        # different quantization than on other CPUs or CUDA. Its generic path: one format everywhere.
+        q.support_avx512bf16_for_cpu = False
     if lin.bias is not None:
         q.bias = nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
     return q.to(device).eval()  # .to() quantizes

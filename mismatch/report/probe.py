@@ -22,7 +22,7 @@ from mismatch.results import per_layer, summaries
 
 HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
             "tv_mean", "top1_agree", "logp_abs_diff_mean", "is_ratio_outside_frac", "chi2_token",
-            "is_ess", "ppl_ratio")
+            "is_ess", "ppl_cand_over_ref")
 
 
 def run_label(run: pd.Series) -> str:

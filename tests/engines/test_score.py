@@ -129,14 +129,36 @@ def _full_kls(trainer, engine_model, records):
     return torch.tensor(out)
 
 
+def _kl_shift_bound(trainer, engine_model, records, delta):
+    """Per response token, how far KL(p‖q) and KL(q‖p) can move when every log p is off by at most
+    `delta` nats (q fixed): with p' = p·e^δ, |δ| ≤ Δ, |Σ p'(lp' − lq) − Σ p(lp − lq)| ≤
+    Δ·e^Δ·(1 + E_p|lp − lq|), and the same with E_q for the reverse KL. `[N, 2]`."""
+    out = []
+    for r in records:
+        ids = list(r.prompt_ids + r.response_ids)
+        lp = _full_logp(trainer, ids)[len(r.prompt_ids) - 1:]
+        lq = _full_logp(engine_model, ids)[len(r.prompt_ids) - 1:]
+        gap = (lp - lq).abs()
+        out += list(zip((1 + (lp.exp() * gap).sum(-1)).tolist(), (1 + (lq.exp() * gap).sum(-1)).tolist()))
+    return torch.tensor(out) * delta * math.exp(delta)
+
+
+# The scorer's trainer log-probs come from one padded batch and a chunked fp32 head; the test's from a
+# single-sequence forward in float64 log-softmax. They agree within LOGP_TOL nats on every token (the bound
+# test_statistics_equal_a_plain_recomputation asserts on the sampled ones: fp32 rounding of logits of
+# magnitude ≲ 10 over differently shaped GEMMs, a few ulps of 10 ≈ 1e-6, with margin for other kernels).
+LOGP_TOL = 2e-5
+
+
 def test_truncated_kl_is_a_lower_bound_and_exact_on_the_full_vocabulary(engine, tmp_path):
     lm, records = engine
     got = score_rollouts(lm, write_rollouts(tmp_path / "k.jsonl", records)).per_token
     engine_model = copy.deepcopy(lm.model)  # the engine's full distribution, again
     with mismatch.perturbed(engine_model, "noise:0.3", seed=3) as cand:
         kl_fwd, kl_rev = _full_kls(lm.model, cand, records).T
-        assert (torch.tensor(got["kl_fwd_topk"].to_numpy()) <= kl_fwd + 1e-6).all()
-        assert (torch.tensor(got["kl_rev_topk"].to_numpy()) <= kl_rev + 1e-6).all()
+        slack_fwd, slack_rev = _kl_shift_bound(lm.model, cand, records, LOGP_TOL).T
+        assert (torch.tensor(got["kl_fwd_topk"].to_numpy()) <= kl_fwd + slack_fwd).all()
+        assert (torch.tensor(got["kl_rev_topk"].to_numpy()) <= kl_rev + slack_rev).all()
         assert (got["kl_rev_topk"] > 0).all() and (got["topk"] >= TOPK).all()
         every = []  # now list every token of the vocabulary: the coarsening is the identity
         for r in records:
@@ -145,8 +167,30 @@ def test_truncated_kl_is_a_lower_bound_and_exact_on_the_full_vocabulary(engine, 
                                        tuple(dict(enumerate(row.tolist())) for row in lq)))
     exact = score_rollouts(lm, write_rollouts(tmp_path / "all.parquet", every)).per_token
     assert (exact["topk"] == len(lm.tokenizer)).all()
-    assert exact["kl_fwd_topk"].to_numpy() == pytest.approx(kl_fwd.numpy(), rel=1e-4, abs=1e-7)
-    assert exact["kl_rev_topk"].to_numpy() == pytest.approx(kl_rev.numpy(), rel=1e-4, abs=1e-7)
+    # the same float64 sum over the vocabulary on both sides: only the trainer's log-probs differ
+    assert ((torch.tensor(exact["kl_fwd_topk"].to_numpy()) - kl_fwd).abs() <= slack_fwd).all()
+    assert ((torch.tensor(exact["kl_rev_topk"].to_numpy()) - kl_rev).abs() <= slack_rev).all()
+
+
+def test_a_listing_of_the_whole_vocabulary_has_no_rest_outcome():
+    """Every token listed: p's fp32 mass falls short of 1 by rounding (here 7e-8, as a scorer's does)
+    while q's top token is one p rates 5.5e-6. That residue is no outcome: merged into q's top token
+    it would change p there by 1.3% (the 9e-4-nat error seen on AVX-512 and scalar kernels)."""
+    from mismatch.engines.score import coarse_kl
+
+    g = torch.Generator().manual_seed(1)
+    V = 64
+    zp, zq = torch.randn(V, generator=g, dtype=torch.float64), torch.randn(V, generator=g, dtype=torch.float64)
+    zq[5] = 12.0  # q's top token, where p has little mass
+    zp[5] = -12.0 + float(zp.logsumexp(-1))
+    lp, lq = zp.log_softmax(-1), zq.log_softmax(-1)
+    lp = lp + math.log1p(-7e-8)  # the listed mass of p is 1 − 7e-8
+    full_pq = float((lp.exp() * (lp - lq)).sum())
+    full_qp = float((lq.exp() * (lq - lp)).sum())
+    kl_pq, kl_qp, mass = coarse_kl(lp[None], lq[None], torch.ones(1, V, dtype=torch.bool), vocab_size=V)
+    assert float(kl_pq) == pytest.approx(full_pq, rel=1e-12) and float(kl_qp) == pytest.approx(full_qp, rel=1e-12)
+    _, merged, _ = coarse_kl(lp[None], lq[None], torch.ones(1, V, dtype=torch.bool))  # V not known: merged
+    assert abs(float(merged) - full_qp) > 1e-3  # q(5) ≈ 1 weighs log p(5), off by log 1.012: the defect
 
 
 def test_truncated_kl_stays_a_lower_bound_when_a_listed_mass_rounds_to_one():
