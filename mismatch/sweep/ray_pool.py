@@ -13,13 +13,12 @@ CPU (models load on the CPU).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mismatch.sweep.tasks import Progress, Task, execute, task_id, task_label, write_record
 
-Execute = Callable[[Task, Path, int | None], dict]
+Execute = Callable[[Task, Path, int], dict]
 
 
 def _init(workers: int | None, address: str | None, threads: int) -> bool:
@@ -37,7 +36,7 @@ def _init(workers: int | None, address: str | None, threads: int) -> bool:
 
 
 def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = None, address: str | None = None,
-               threads: int | None = None, progress: Progress | None = None,
+               threads: int = 1, progress: Progress | None = None,
                execute_fn: Execute = execute) -> list[dict]:
     """Run `tasks` as Ray tasks, at most `workers` at a time, and return their ledger records in order.
 
@@ -46,13 +45,12 @@ def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = 
             `address` and no `workers`, every task is submitted and the cluster schedules them.
         address: an existing cluster (`auto` or `HOST:PORT`); None: a local instance for this sweep
             (shut down at the end; one already started in this process is used as it is).
-        threads: torch threads (and Ray CPUs) per task; default cores ÷ workers locally, 1 on a cluster.
+        threads: torch threads (and Ray CPUs) per task: the study's (`Study.threads`).
         execute_fn: what a worker runs for a task (`runner.execute`).
     """
     import ray
 
     out = Path(out)
-    threads = threads or (1 if address is not None else max(1, (os.cpu_count() or 1) // (workers or 1)))
     started = _init(workers, address, threads)
     remote = ray.remote(execute_fn).options(num_cpus=threads, max_retries=1, retry_exceptions=False)
     records: list[dict | None] = [None] * len(tasks)

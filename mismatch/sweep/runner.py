@@ -3,7 +3,8 @@
 Serially (the default) every task runs in this process, one after the other; with `workers` or
 `ray_address` each runs as a Ray task (`mismatch.sweep.ray_pool`). Either way a task writes its own
 parts and its ledger record (`mismatch.sweep.tasks.execute`), so `resume` works the same after
-either, and both give the same rows (bit for bit at equal torch thread counts).
+either, and both give the same rows bit for bit: every task runs with the study's torch thread
+count (`Study.threads`), whatever the execution.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class SweepReport:
 
 
 def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_failed: bool = False,
-              workers: int | None = None, ray_address: str | None = None, threads: int | None = None,
+              workers: int | None = None, ray_address: str | None = None,
               progress: Progress | None = None) -> SweepReport:
     """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`;
     on Ray, in the order of `estimate.longest_first` instead.
@@ -40,7 +41,6 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
             the sweep (`mismatch.sweep.ray_pool`); None with no `ray_address`: serial, in-process.
         ray_address: join an existing Ray cluster (`auto` or `HOST:PORT`) instead; `out` must then be
             storage every node shares, and every node needs this package installed.
-        threads: torch threads per task; default: all cores serially, cores ÷ workers on a local Ray.
         progress: `progress(finished, tasks, label, status)` when a task starts (`running`) and when it
             ends (`done` / `failed`); `finished` counts the tasks ended so far, this one included.
 
@@ -55,7 +55,9 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         raise InputError(f"a sweep writes into a results directory (with its ledger), not a file: {out}")
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be ≥ 1, got {workers}")
-    todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume, retry_failed=retry_failed)
+    threads = study.threads
+    todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume,
+                                  retry_failed=retry_failed, threads=threads)
     if workers is not None or ray_address is not None:
         from mismatch.sweep.ray_pool import run_on_ray  # Ray loads only when asked for
 

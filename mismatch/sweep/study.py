@@ -1,6 +1,7 @@
 """A study file: the static (probe) and dynamic (OPD) grids of a sweep, validated before any run.
 
     name = "quick"
+    threads = 1                   # torch threads per task (default 1), the same serially and on Ray
 
     [static]                      # probes: every model × seed × layer scope, all specs share a reference
     models = ["smollm2-135m"]
@@ -24,7 +25,9 @@
     steps = 40
 
 Every dynamic run gets its clean baseline (the same configuration with clean rollouts) in the plan,
-so every run can be judged against the clean run that shares every other field. The whole grid is
+so every run can be judged against the clean run that shares every other field. `threads` is part
+of the study: fp32 sums, hence OPD trajectories, depend on torch's thread count, so every task runs
+with that many threads however the sweep is executed (serially, on a local Ray, on a cluster). The whole grid is
 expanded and validated before anything runs: an unknown key, spec, pair or loss is a one-line
 `InputError` naming the file and the key.
 """
@@ -60,11 +63,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Study:
-    """A parsed study file: its name, path and plan."""
+    """A parsed study file: its name, path, plan and torch threads per task."""
 
     name: str
     path: Path
     plan: Plan
+    threads: int = 1
 
 
 def _table(cfg: dict, key: str, valid: set[str], where: str) -> dict:
@@ -186,9 +190,9 @@ def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -
     Raises:
         InputError: an unknown key, spec, pair or loss, or a bad value; one line naming `where` and the key.
     """
-    unknown = sorted(set(cfg) - {"name", "static", "dynamic"})
+    unknown = sorted(set(cfg) - {"name", "threads", "static", "dynamic"})
     if unknown:
-        raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: name, static, dynamic")
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: name, threads, static, dynamic")
     if "static" not in cfg and "dynamic" not in cfg:
         raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
     static = [c for part, label in _blocks(cfg, "static", STATIC_KEYS, where) for c in _static(part, label, base_dir)]
@@ -206,4 +210,8 @@ def load_study(path: str | Path) -> Study:
     """
     path = Path(path)
     cfg = read_toml(path, "study file")
-    return Study(str(cfg.get("name", path.stem)), path, plan_study(cfg, where=str(path), base_dir=path.parent))
+    threads = cfg.get("threads", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError(f"{path}: threads must be a whole number ≥ 1, got {threads!r}")
+    return Study(str(cfg.get("name", path.stem)), path, plan_study(cfg, where=str(path), base_dir=path.parent),
+                 threads)

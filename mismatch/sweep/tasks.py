@@ -79,12 +79,12 @@ def _run_task(task: Task, out: Path) -> None:
         run_all([task], out=out)
 
 
-def execute(task: Task, out: str | Path, threads: int | None = None) -> dict:
+def execute(task: Task, out: str | Path, threads: int) -> dict:
     """Run one task into the results directory `out` and record how it ended in the ledger.
 
     Args:
-        threads: torch intra-op threads for the task (None: leave as is). fp32 sums depend on it in
-            the last bits, so rows are bit-identical between runs with equal thread counts.
+        threads: torch intra-op threads for the task (the caller's count is restored after it). fp32
+            sums depend on it in the last bits, so rows are bit-identical between runs with equal counts.
 
     Returns:
         The ledger record: `status` done / failed (with `error`, one line, and `traceback`, its last
@@ -92,8 +92,8 @@ def execute(task: Task, out: str | Path, threads: int | None = None) -> dict:
         exception never propagates.
     """
     out = Path(out)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     try:
         _run_task(task, out)
@@ -102,20 +102,24 @@ def execute(task: Task, out: str | Path, threads: int | None = None) -> dict:
         message = str(exc).splitlines()[0] if str(exc) else ""
         record = {"status": "failed", "error": f"{type(exc).__name__}: {message}",
                   "traceback": traceback.format_exc(limit=-3).splitlines()[-6:]}
+    finally:
+        torch.set_num_threads(before)
     record.update(task=task_label(task), seconds=round(time.perf_counter() - start, 3),
-                  threads=torch.get_num_threads(), pid=os.getpid(), config=dataclasses.asdict(task))
+                  threads=threads, pid=os.getpid(), config=dataclasses.asdict(task))
     write_record(out, task_id(task), record)
     return record
 
 
-def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_failed: bool
+def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_failed: bool, threads: int = 1
                   ) -> tuple[list[Task], list[str]]:
     """The tasks still to run (in their order) and the ids of those skipped: with `resume`, the ones
-    the ledger in `out` records as done, and as failed unless `retry_failed`."""
+    the ledger in `out` records as done, and as failed unless `retry_failed`, at `threads` torch
+    threads (a task that ran with another count runs again: its rows would differ in the last bits)."""
     ledger = read_ledger(out) if resume else {}
     todo, skipped = [], []
     for task in tasks:
-        status = ledger.get(task_id(task), {}).get("status")
+        record = ledger.get(task_id(task), {})
+        status = record.get("status") if record.get("threads", threads) == threads else None
         if status == "done" or (status == "failed" and not retry_failed):
             skipped.append(task_id(task))
         else:

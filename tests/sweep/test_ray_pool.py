@@ -28,13 +28,13 @@ def serial(tmp_path_factory):
     """The tiny study run serially at 1 torch thread: (study, its results directory, its report)."""
     folder = tmp_path_factory.mktemp("serial")
     study = _study(folder)
-    return study, folder / "out", run_study(study, folder / "out", threads=1)
+    return study, folder / "out", run_study(study, folder / "out")
 
 
 @pytest.mark.slow
 def test_a_sweep_on_two_ray_workers_gives_exactly_the_rows_of_the_serial_sweep(tmp_path, local_ray, serial):
     study, serial_out, serial_report = serial
-    on_ray = run_study(study, tmp_path / "ray", workers=2, threads=1)
+    on_ray = run_study(study, tmp_path / "ray", workers=2)
     assert on_ray.ran == serial_report.ran and on_ray.failed == serial_report.failed == {}
     pd.testing.assert_frame_equal(_numbers(tmp_path / "ray"), _numbers(serial_out))
     ledger = read_ledger(tmp_path / "ray")

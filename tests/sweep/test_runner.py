@@ -6,12 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from mismatch.opd.verdict import verdict_table
-from mismatch.results import read_results, summaries
+from mismatch.opd.runs import run_columns
+from mismatch.results import ROW_KEY, read_results, run_id, summaries
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
 from mismatch.opd import OPDConfig
 from mismatch.sweep.estimate import estimates, longest_first
@@ -39,9 +41,9 @@ eval_prompts = 8
 TIMING = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
 
 
-def _study(tmp_path, layers='["linear"]'):
+def _study(tmp_path, layers='["linear"]', steps=2):
     path = tmp_path / "tiny.toml"
-    path.write_text(STUDY.format(layers=layers))
+    path.write_text(STUDY.format(layers=layers).replace("steps = 2", f"steps = {steps}"))
     return load_study(path)
 
 
@@ -99,24 +101,56 @@ def test_a_failed_task_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert run_study(study, out, resume=True, retry_failed=True).ran == (bad,)  # … unless retried
 
 
+def _kill_mid_task(cmd, out, study, timeout=240):
+    """Start `cmd` in its own process group and SIGKILL the whole group once an OPD task has written a
+    part but not finished (no ledger record): a half-written task, not a task boundary."""
+    runs = {run_id("opd", run_columns(c)): task_id(c) for c in study.plan.opd}
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    half = set()
+    while not half and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        ledger = read_ledger(out)
+        half = {rid for rid, tid in runs.items() if tid not in ledger and list(out.glob(f"*-opd-{rid}-*.parquet"))}
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert half, "no task was caught half-written"
+    return half
+
+
+MEASURED = ["step_wall", "rollout_share", "cheapest"]  # the cost frontier's wall-clock columns: timings, not results
+
+
+def _tables(out, folder):
+    """The study's report tables (CSV) written from `out` into `folder`, but for measured times."""
+    from mismatch.report import write_reports
+
+    write_reports(read_results(out), folder)
+    tables = {p.name: pd.read_csv(p) for p in sorted(folder.glob("*.csv"))}
+    assert {"tolerance_levels.csv", "admission_points.csv", "cost_frontier.csv"} <= set(tables), sorted(tables)
+    return {name: t.drop(columns=[c for c in MEASURED if c in t]).to_csv(index=False) for name, t in tables.items()}
+
+
 @pytest.mark.slow
-def test_kill_9_mid_sweep_then_resume_gives_the_tables_of_an_uninterrupted_sweep(tmp_path):
-    study = _study(tmp_path)
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["serial", "ray"])
+def test_kill_9_mid_task_then_resume_gives_the_rows_and_tables_of_an_uninterrupted_serial_sweep(tmp_path, workers):
+    """A study is a function of its file: serially or on 2 Ray workers, killed with SIGKILL while a task
+    is half-written and resumed, every row and every report table is bit-identical to an uninterrupted
+    serial sweep (each task runs at the study's torch thread count, 1)."""
+    study = _study(tmp_path, steps=6)
     run_study(study, tmp_path / "whole")
     out = tmp_path / "killed"
-    code = (f"from mismatch.sweep import load_study, run_study; "
-            f"run_study(load_study({str(study.path)!r}), {str(out)!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 120
-    while len(read_ledger(out)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = len(read_ledger(out))
-    assert 2 <= done < 4, f"killed after {done} of 4 tasks"
+    cmd = [str(Path(sys.executable).with_name("mismatch")), "sweep", str(study.path), "--out", str(out), *workers]
+    _kill_mid_task(cmd, out, study)
     read_results(out)  # whatever was left is readable (a temporary file, if any, is never read)
-    run_study(study, out, resume=True)
+    done = subprocess.run([*cmd, "--resume"], env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    raw = pd.concat([pd.read_parquet(p) for p in out.glob("*.parquet")], ignore_index=True)
+    assert not raw.duplicated(subset=list(ROW_KEY)).any()  # the half-written attempt's rows are gone, none twice
     pd.testing.assert_frame_equal(_numbers(out), _numbers(tmp_path / "whole"))
+    assert {r["threads"] for r in read_ledger(out).values()} == {1}
+    assert _tables(out, tmp_path / "rep_killed") == _tables(tmp_path / "whole", tmp_path / "rep_whole")
 
 
 def test_tasks_never_measured_go_first_then_the_longest():

@@ -157,3 +157,17 @@ def test_several_dynamic_blocks_are_one_plan_with_shared_baselines_once():
     bad = {"dynamic": [cfg["dynamic"][0], {"name": "oops", "pairs": ["sort-gpt2"], "rollout": ["x"]}]}
     with pytest.raises(InputError, match=r"\[\[dynamic\]\] 'oops'.*unknown key 'rollout'"):
         plan_study(bad)
+
+
+def test_threads_is_a_study_setting_defaulting_to_one(tmp_path):
+    """fp32 sums depend on torch's thread count, so the count is part of the study, not of the machine."""
+    path = tmp_path / "s.toml"
+    body = '[dynamic]\npairs = ["sort-gpt2"]\nrollouts = ["fp8-e4m3"]\n'
+    path.write_text(body)
+    assert load_study(path).threads == 1
+    path.write_text("threads = 2\n" + body)
+    assert load_study(path).threads == 2
+    for bad in ("0", '"2"', "true", "1.5"):
+        path.write_text(f"threads = {bad}\n" + body)
+        with pytest.raises(InputError, match="threads must be a whole number"):
+            load_study(path)
