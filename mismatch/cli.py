@@ -65,7 +65,7 @@ def probe(
                                                         "with --perturb (the reference perturbed in place).")] = None,
     perturb: Annotated[list[str] | None, typer.Option(help="Perturbation spec of the candidate (fp8-e4m3:channel, "
                                                            "int4:group128, bnb-nf4, …); repeatable.")] = None,
-    layers: Annotated[str, typer.Option(help="--perturb scope: linear, all, attn, mlp, lm_head, 0-3,7, regex.")] = "linear",
+    layers: Annotated[str, typer.Option(help="--perturb scope: linear, all, attn, mlp, experts, router, lm_head, 0-3,7, regex.")] = "linear",
     each_layer: Annotated[bool, typer.Option(help="Isolation map: each SPEC on one block at a time.")] = False,
     prompts: Annotated[Path | None, typer.Option(help="Text file, one prompt per line.")] = None,
     text: Annotated[list[str] | None, typer.Option(help="A prompt given inline; repeatable.")] = None,

@@ -7,8 +7,9 @@ Specs (see `list_models()`):
     (`$MISMATCH_CACHE`, default `~/.cache/mismatch`), keyed by the GGUF file's SHA-256; later
     loads read the cache. Its linear weights therefore sit on the Q4_1 grid (4-bit, blocks of 32
     with a scale and a minimum) the file was published in.
-  * `tiny-llama`, `tiny-qwen3`, `tiny-gpt2` — tiny random-init real `transformers` models with a
-    byte-level tokenizer, deterministic from `seed`, for tests.
+  * `tiny-llama`, `tiny-qwen3`, `tiny-gpt2`, and the mixture-of-experts `tiny-qwen3-moe`,
+    `tiny-mixtral` — tiny random-init real `transformers` models with a byte-level tokenizer,
+    deterministic from `seed`, for tests.
   * a local directory holding a Hugging Face checkpoint (`config.json`, weights, tokenizer);
   * a hub id (`org/name`) resolved from the local Hugging Face cache only.
 
@@ -37,9 +38,11 @@ from transformers import (
     AutoTokenizer,
     GPT2Config,
     LlamaConfig,
+    MixtralConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from mismatch.errors import InputError, ModelNotAvailableError
@@ -229,6 +232,11 @@ def _load_smollm2(dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTr
 # ---------------------------------------------------------------- tiny random-init models
 
 _TINY_COMMON = dict(vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# MoE: 8 experts, top-2, expert width 160 (gate_up [8, 320, 64], down [8, 64, 160]: 128×128 blocks
+# with edge tiles inside each expert, and blocks that would straddle experts if the stack were one matrix)
+_TINY_MOE = dict(hidden_size=64, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.2,
+                 tie_word_embeddings=False, **_TINY_COMMON)
 
 
 def _tiny_config(family: str):
@@ -244,6 +252,10 @@ def _tiny_config(family: str):
             num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
             initializer_range=0.2, tie_word_embeddings=True, **_TINY_COMMON,
         )
+    if family == "qwen3-moe":
+        return Qwen3MoeConfig(num_experts=8, moe_intermediate_size=160, intermediate_size=128, **_TINY_MOE)
+    if family == "mixtral":
+        return MixtralConfig(num_local_experts=8, intermediate_size=160, **_TINY_MOE)
     if family == "gpt2":
         return GPT2Config(
             n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2,
@@ -269,6 +281,10 @@ BUILTIN_MODELS: dict[str, tuple[str, Callable[[torch.dtype, int], tuple]]] = {
     "tiny-llama": ("tiny random-init Llama (3 layers, width 64, byte vocab 259)", _tiny_loader("llama")),
     "tiny-qwen3": ("tiny random-init Qwen3 (2 layers, width 64, byte vocab 259)", _tiny_loader("qwen3")),
     "tiny-gpt2": ("tiny random-init GPT-2 (2 layers, width 64, byte vocab 259)", _tiny_loader("gpt2")),
+    "tiny-qwen3-moe": ("tiny random-init Qwen3-MoE (2 MoE layers, 8 experts, top-2, width 64, byte vocab 259)",
+                       _tiny_loader("qwen3-moe")),
+    "tiny-mixtral": ("tiny random-init Mixtral (2 MoE layers, 8 experts, top-2, width 64, byte vocab 259)",
+                     _tiny_loader("mixtral")),
 }
 
 

@@ -12,10 +12,18 @@ run on the last position only; the head is then applied here chunk by chunk over
 most `[chunk, V]` fp32 tensors exist at once. The reference side (`reference(...)`) is computed
 once and can be scored against many candidates; it keeps its own copy of the head weights, so a
 candidate perturbed in place (the same model object) cannot leak into it.
+
+Mixture-of-experts models add one per-layer metric, `router_topk_agree`, on the row of each MoE
+block (`layers.i`): the share of scored tokens whose selected expert set (the router's top-k, as the
+experts receive it, `mismatch.moe.capture_routing`) is the same for candidate and reference, at the
+positions predicting them (the rows of the hidden-state metrics). It is 1 exactly for identical
+models; expert-routing flips are the MoE-specific mismatch that routing replay removes. Other rows
+hold NaN there (dense blocks, the embedding, the final norm).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -30,6 +38,7 @@ from mismatch.layout import (CACHE_ROWS, Head, HeadInputs, Layout, head_inputs, 
                              replay_prefix, token_chunks)
 from mismatch.metrics import summarize, token_metrics_
 from mismatch.models import LM, context_length
+from mismatch.moe import capture_routing, routed_blocks
 from mismatch.perturb import active_perturbations
 from mismatch.positions import position_ids, response_index, scorable
 from mismatch.tokenizer import vocab_fingerprint
@@ -37,7 +46,8 @@ from mismatch.tokenizer import vocab_fingerprint
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
-LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db")
+ROUTER_METRIC = "router_topk_agree"  # per MoE block; NaN on the rows of layers without a router
+LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db", ROUTER_METRIC)
 
 
 # ---------------------------------------------------------------- masks and inputs
@@ -118,15 +128,16 @@ def _check_inputs(model: nn.Module, name: str, input_ids: torch.Tensor, position
 
 
 def _forward(model: nn.Module, input_ids_BT, attn_BT, pred_index_N, on_layer, keep_blocks: list | None = None,
-             replay: Reference | None = None) -> HeadInputs:
-    """`layout.head_inputs` plus the isolation map's block bookkeeping.
+             replay: Reference | None = None, start: int = 0, on_route=None) -> HeadInputs:
+    """`layout.head_inputs` plus the isolation map's block bookkeeping and MoE routing.
 
     `keep_blocks`: a list that receives every decoder block's full output `[B, T, D]` (a copy)
     and, last, whether the blocks return tuples. `replay`: a Reference whose recorded block
-    outputs stand in for the candidate's unchanged leading blocks (`_unchanged_prefix`).
+    outputs stand in for the candidate's first `start` blocks (`_unchanged_prefix`). `on_route`:
+    called as `on_route(block index, experts_NK)` by each MoE block that runs (`capture_routing`).
     """
     layout = model_layout(model)
-    start = 0 if replay is None else _unchanged_prefix(replay, model, layout)
+    routing = capture_routing(model, pred_index_N, on_route) if on_route is not None else contextlib.nullcontext()
     handles, as_tuple = [], []
     if keep_blocks is not None:
         def keep(_module, _args, out) -> None:
@@ -134,8 +145,8 @@ def _forward(model: nn.Module, input_ids_BT, attn_BT, pred_index_N, on_layer, ke
             keep_blocks.append((out if isinstance(out, torch.Tensor) else out[0]).detach().clone())
         handles = [block.register_forward_hook(keep) for block in layout.layers]
     try:
-        with torch.no_grad(), replay_prefix(layout, replay.block_outputs if start else [], start,
-                                            replay is not None and replay.blocks_as_tuple):
+        with torch.no_grad(), routing, replay_prefix(layout, replay.block_outputs if start else [], start,
+                                                     replay is not None and replay.blocks_as_tuple):
             fwd = head_inputs(model, input_ids_BT, attn_BT, pred_index_N, on_layer=on_layer)
     finally:
         for handle in handles:
@@ -210,6 +221,7 @@ class Reference:
     blocks_as_tuple: bool = False  # the blocks return (hidden, ...) tuples
     block_states: list[tuple] | None = None  # `_block_states` of the model when it ran
     model_ref: weakref.ref | None = None  # the model it ran on (weak: the Reference does not keep it alive)
+    expert_sets: dict[int, torch.Tensor] | None = None  # per MoE block index: [N, k] sorted expert ids, per_layer
     seq: torch.Tensor = field(init=False)  # [N]
     pos: torch.Tensor = field(init=False)  # [N]
     token: torch.Tensor = field(init=False)  # [N]
@@ -266,11 +278,12 @@ def reference(
     layout = model_layout(model)
     head = Head.of(model, copy=True)
     _check_inputs(model, name, input_ids, position_ids_BT, head.vocab_size)
-    layers: list[torch.Tensor] | None = [] if per_layer else None
+    layers, expert_sets = ([], {}) if per_layer else (None, None)  # per layer [N, D]; per MoE block [N, k]
     blocks: list | None = [] if keep_block_outputs else None
     states = _block_states(layout) if keep_block_outputs else None
     fwd = _forward(model, input_ids, attn_BT, response_index(scored_BT),
-                   (lambda i, h: layers.append(h)) if per_layer else None, keep_blocks=blocks)
+                   (lambda i, h: layers.append(h)) if per_layer else None, keep_blocks=blocks,
+                   on_route=expert_sets.__setitem__ if per_layer else None)
     _verify_head(head, fwd, name)
     logp = _all_logprobs(head, fwd.rows_ND, chunk_tokens) if cache_logprobs else None
     return Reference(name=name, input_ids=input_ids, attention_mask=attn_BT, scored=scored_BT,
@@ -278,7 +291,8 @@ def reference(
                      layer_names=layout.layer_names, layer_hidden=layers, vocab_fingerprint=fingerprint,
                      logp=logp, logp_argmax=None if logp is None else logp.argmax(-1),
                      block_outputs=blocks[:-1] if blocks else None, blocks_as_tuple=bool(blocks and blocks[-1]),
-                     block_states=states, model_ref=weakref.ref(model) if keep_block_outputs else None)
+                     block_states=states, model_ref=weakref.ref(model) if keep_block_outputs else None,
+                     expert_sets=expert_sets)
 
 
 def _all_logprobs(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
@@ -293,10 +307,26 @@ _build_reference = reference  # `probe` has an argument named `reference`
 
 
 class _LayerStats:
-    """Accumulates rel_l2 / cosine / sqnr_db of candidate vs reference hidden states."""
+    """Accumulates rel_l2 / cosine / sqnr_db of candidate vs reference hidden states and, per MoE
+    block, router_topk_agree of their selected expert sets."""
 
     def __init__(self, ref: Reference) -> None:
-        self.ref, self.rows = ref, []
+        self.ref, self.rows, self.agree = ref, [], {}
+
+    def route(self, block: int, experts_NK: torch.Tensor) -> None:
+        """router_topk_agree = (1/N) Σ_n [set_cand(n) = set_ref(n)]: sorted ids compared row by row."""
+        same_N = (experts_NK == self.ref.expert_sets[block]).all(dim=-1)
+        self.agree[block] = float(same_N.double().mean())
+
+    def layer_rows(self, start: int) -> list[dict]:
+        """The per-layer rows, each MoE block's with its agreement: 1 exactly for the first `start`
+        blocks, replayed from the reference bit for bit (their routers never ran)."""
+        agree = {b: 1.0 for b in self.ref.expert_sets if b < start} | self.agree
+        missing = sorted(set(self.ref.expert_sets) - set(agree))
+        if missing:
+            raise InputError(f"MoE block {missing[0]} of {self.ref.name} routed no token in the candidate")
+        # block b's output is layer row index b + 1 (row 0 is the embedding)
+        return [{**row, ROUTER_METRIC: agree.get(row["index"] - 1, math.nan)} for row in self.rows]
 
     def __call__(self, index: int, hidden_ND: torch.Tensor) -> None:
         h = self.ref.layer_hidden[index]
@@ -377,7 +407,7 @@ def probe(
     Returns:
         `ProbeResult` with `per_token` columns seq, pos, token, logp_ref, logp_cand, kl_fwd,
         kl_rev, tv, top1_agree, is_ratio, k3 (nats), `per_layer` columns layer, index, rel_l2,
-        cosine, sqnr_db (dB), and `summary`.
+        cosine, sqnr_db (dB), router_topk_agree (MoE blocks; NaN elsewhere), and `summary`.
 
     Raises:
         InputError, VocabMismatchError, NumericsError: see their messages.
@@ -394,10 +424,12 @@ def probe(
     head = Head.of(cand_model)
     _check_candidate(ref, cand_model, cand_fp, cand_name, head, per_layer)
     stats = _LayerStats(ref) if per_layer else None
-    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.pred_index, stats, replay=ref)
+    start = _unchanged_prefix(ref, cand_model, model_layout(cand_model))
+    fwd = _forward(cand_model, ref.input_ids, ref.attention_mask, ref.pred_index, stats, replay=ref, start=start,
+                   on_route=stats.route if stats else None)
     _verify_head(head, fwd, cand_name)
     tok = _token_metrics(ref, head, fwd.rows_ND, cand_name, chunk_tokens)
-    return _result(ref, tok, stats.rows if stats else [], cand_name, clip)
+    return _result(ref, tok, stats.layer_rows(start) if stats else [], cand_name, clip)
 
 
 def _result(ref: Reference, tok: dict[str, torch.Tensor], layer_rows: list[dict], cand_name: str, clip: float
@@ -421,6 +453,10 @@ def _check_candidate(ref: Reference, model: nn.Module, fingerprint: str | None, 
     if per_layer and layer_names != ref.layer_names:
         raise InputError(f"per_layer needs the same layers: {ref.name} has {len(ref.layer_names)}, "
                          f"{name} has {len(layer_names)}; use per_layer=False")
+    routed = sorted(b.index for b in routed_blocks(model)) if per_layer else []
+    if per_layer and routed != sorted(ref.expert_sets):
+        raise InputError(f"per_layer needs the same MoE blocks: {ref.name} routes in blocks {sorted(ref.expert_sets)}, "
+                         f"{name} in {routed}; use per_layer=False")
 
 
 def _check_vocab_size(ref: Reference, vocab_size: int, name: str) -> None:

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random-init models of three families and the real SmolLM2."""
+"""Shared fixtures: tiny random-init models of three dense and two MoE families and the real SmolLM2."""
 
 import os
 
@@ -11,6 +11,7 @@ import torch  # noqa: E402
 import mismatch  # noqa: E402
 
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gpt2")
+MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-mixtral")  # mixture-of-experts: fused 3-D expert tensors
 
 
 @pytest.fixture(scope="session")

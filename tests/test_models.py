@@ -9,15 +9,16 @@ import torch
 import mismatch
 from mismatch import models
 from mismatch.errors import InputError, ModelNotAvailableError
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, MOE_FAMILIES
 
 
 def test_list_models_names_the_builtins():
-    assert set(mismatch.list_models()) == {"smollm2-135m", *FAMILIES}
+    assert set(mismatch.list_models()) == {"smollm2-135m", *FAMILIES, *MOE_FAMILIES}
 
 
 @pytest.mark.parametrize("spec,cls", [("tiny-llama", "LlamaForCausalLM"), ("tiny-qwen3", "Qwen3ForCausalLM"),
-                                      ("tiny-gpt2", "GPT2LMHeadModel")])
+                                      ("tiny-gpt2", "GPT2LMHeadModel"), ("tiny-qwen3-moe", "Qwen3MoeForCausalLM"),
+                                      ("tiny-mixtral", "MixtralForCausalLM")])
 def test_tiny_models_are_real_and_deterministic_per_seed(spec, cls):
     a, b, c = mismatch.load(spec, seed=0), mismatch.load(spec, seed=0), mismatch.load(spec, seed=1)
     assert type(a.model).__name__ == cls and not a.model.training

@@ -416,3 +416,64 @@ def test_isolation_prefix_replay_is_bit_identical_and_skips_unchanged_blocks(tin
         block.register_forward_pre_hook(lambda *_a: ran.append(1))
     mismatch.probe(replay_ref, other, per_layer=False)
     assert len(ran) == n
+
+
+# ---------------------------------------------------------------- MoE routing
+
+
+def _slow_expert_sets(model, ids_BT):
+    """Each MoE block's top-k expert set per token `[B*T, k]` (sorted ids), from the router's input and
+    weight directly: topk(W_router · h), with no padding, through hooks on `mlp.gate` only."""
+    inputs = {}
+    hooks = [layer.mlp.gate.register_forward_pre_hook(lambda _m, args, i=i: inputs.__setitem__(i, args[0]))
+             for i, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            model(ids_BT)
+    finally:
+        for h in hooks:
+            h.remove()
+    k = model.config.num_experts_per_tok
+    logits = {i: torch.nn.functional.linear(x, model.model.layers[i].mlp.gate.weight) for i, x in inputs.items()}
+    return {i: torch.topk(z, k).indices.sort(-1).values for i, z in logits.items()}
+
+
+def _slow_agreement(ref_sets, cand_sets, B, T):
+    """Share of scored tokens (every token after the first; predicted from position t-1) whose expert
+    set at the predicting position is the same: a count over tokens divided by their number."""
+    rows = [b * T + t for b in range(B) for t in range(T - 1)]
+    return {i: sum(bool(torch.equal(ref_sets[i][r], cand_sets[i][r])) for r in rows) / len(rows) for i in ref_sets}
+
+
+@pytest.mark.parametrize("family", ["tiny-qwen3-moe", "tiny-mixtral"])
+def test_router_topk_agree_equals_a_direct_computation_of_the_top_k_sets(tiny, family):
+    model = mismatch.load(family).model  # a private copy: perturbed in place below
+    ids = random_ids(3, 20, seed=11)
+    ref = mismatch.reference(model, ids, keep_block_outputs=True)
+    same = mismatch.probe(ref, model).per_layer.set_index("layer")["router_topk_agree"]
+    assert same["layers.0"] == 1.0 and same["layers.1"] == 1.0  # identical models: exactly 1
+    assert math.isnan(same["embed"]) and math.isnan(same["final_norm"])  # no router there
+    ref_sets = _slow_expert_sets(model, ids)
+    flips = {}
+    for spec, layers in [("int4:group32", "linear"), ("noise:0.1", "1"), ("int4:channel", "router")]:
+        with mismatch.perturbed(model, spec, layers=layers) as cand:
+            got = mismatch.probe(ref, cand).per_layer.set_index("layer")["router_topk_agree"]
+            expected = _slow_agreement(ref_sets, _slow_expert_sets(cand, ids), 3, 20)
+        # the same count over the same tokens: equal exactly (block 0 under scope "1" is replayed, not run)
+        assert [got["layers.0"], got["layers.1"]] == [expected[0], expected[1]], (spec, layers)
+        flips[spec] = expected
+    assert flips["int4:group32"][1] < 1.0  # int4 everywhere flips some routing: the check is not vacuous
+    assert flips["noise:0.1"][0] == 1.0  # block 0 untouched by scope "1"
+
+
+def test_router_rows_are_stored_only_for_moe_layers(tiny):
+    from mismatch.probe_runs import rows_of
+
+    moe, dense = tiny("tiny-qwen3-moe"), tiny("tiny-llama")
+    ids = random_ids(2, 9)
+    moe_rows = rows_of(mismatch.probe(moe, moe, ids))
+    router = moe_rows[moe_rows["metric"] == "router_topk_agree"]
+    assert router["layer"].tolist() == ["layers.0", "layers.1"] and (router["value"] == 1.0).all()
+    dense_rows = rows_of(mismatch.probe(dense, dense, ids))
+    assert "router_topk_agree" not in set(dense_rows["metric"])
+    assert mismatch.probe(dense, dense, ids).per_layer["router_topk_agree"].isna().all()

@@ -7,11 +7,14 @@ format's stored bits, not timed):
   read once per step), the rollout copy's ÷ the model's. Quantized linears count their format's
   stored bits per weight (scales included); everything else (norms, embeddings, the output head
   unless quantized, modules a recipe keeps) stays at the model's precision. The input embedding
-  reads one row per token and is left out of both sides.
+  reads one row per token and is left out of both sides. A mixture-of-experts block reads only the
+  experts its router picks: top-k of E, so each experts module counts k/E of its tensors (quantized
+  or not), and its router in full.
 * `matmul_cost`: linear-layer FLOPs weighted by the precision they run at, ÷ the model's: formats that
   quantize activations too (`fp8-…,w8a8`, `quanto-…:a8`, `bnb-int8`) multiply at 8 bits, lower float
   dtypes at their width, weight-only formats de-quantize and multiply at the model's precision; the
   cost of a FLOP is taken proportional to its bit width (the tensor-core peak ratio of current GPUs).
+  Experts count their active share k/E of FLOPs, routers their full matmul.
 * `rollouts_generated`: with `reuse:R` a batch is trained on R times, so 1/R of the steps generate.
 * `staleness`: a lag of K ≥ 1 lets generation overlap training. It saves wall clock, not FLOPs or
   bytes: a step takes max(rollout, rest) instead of rollout + rest, for a given `rollout_share` of
@@ -28,9 +31,11 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from mismatch.errors import InputError
+from mismatch.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
 from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig, ReuseConfig, StaleConfig
-from mismatch.perturb.scope import _head_name
+from mismatch.perturb.scope import head_name
+from mismatch.perturb.snapshot import weight_names
 
 ROLLOUT_SHARE = 0.51  # SmolLM2-135M OPD step here: rollout 10.9 s of 21.3 s (benchmarks/bench_opd.py)
 
@@ -93,16 +98,25 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
         return _assemble(str(config) if config else "none", ref_bits, 1.0, 1.0, staleness, reuse, rollout_share)
     modules = dict(model.named_modules())
     quantized = [n for n in select(model, layers) if n not in set(kept)]
-    linear_names = set(select(model, "all"))
+    moes = moe_blocks(model)
+    matmuls = [*select(model, "all"), *(moe.router for moe in moes)]  # every weight a decoded token multiplies
+    active = {moe.experts: moe.top_k / moe.num_experts for moe in moes}  # share of an experts module a token reads
     embed = model.get_input_embeddings()
-    head = modules[_head_name(model)]
+    head = modules[head_name(model)]
     tied = head.weight is embed.weight
-    # every parameter once (a tied head is the embedding); an untied input embedding reads one row per token
+    # every parameter once (a tied head is the embedding); an untied input embedding reads one row per token;
+    # the experts a token's router does not pick are not read
     total = sum(p.numel() for p in model.parameters() if tied or p is not embed.weight)
-    q_params = sum(modules[n].weight.numel() for n in quantized)
+    total -= sum((1 - share) * sum(p.numel() for p in modules[n].parameters()) for n, share in active.items())
+
+    def per_token(name: str) -> float:
+        """Weight elements of module `name` a decoded token reads (and multiplies)."""
+        return sum(getattr(modules[name], a).numel() for a in weight_names(modules[name])) * active.get(name, 1)
+
+    q_params = sum(per_token(n) for n in quantized)
     ref_bytes = total * ref_bits / 8
     cand_bytes = (total - q_params) * ref_bits / 8 + q_params * bits / 8
-    flops_params = {n: modules[n].weight.numel() for n in linear_names}
+    flops_params = {n: per_token(n) for n in matmuls}
     mm_bits = matmul_bits(config, ref_bits)
     all_flops = sum(flops_params.values())
     matmul = (sum(v for n, v in flops_params.items() if n not in quantized)

@@ -6,7 +6,8 @@ Search (on the check's own calibration batch and reference pass):
    KL(rollout ‖ model) per token (`kl_rev_mean` of `mismatch.probe`);
 2. within the worst blocks (the fewest holding half the summed isolated KL, at most `MAX_REFINED`),
    each module group on its own. A group is what an engine fuses into one matrix and must quantize
-   alike: q/k/v projections, gate/up projections, every other linear alone;
+   alike: q/k/v projections, gate/up projections, a block's MoE experts module (vLLM's one `FusedMoE`
+   layer: every expert of the block), every other linear (or router) alone;
 3. units (a refined group, or a whole other block) are kept greedily by isolated KL per parameter
    kept, until the KL predicted for the rest (the full format's KL scaled by the share of summed
    isolated KL left) falls to `TARGET_SHARE` of the limit;
@@ -14,6 +15,16 @@ Search (on the check's own calibration batch and reference pass):
    (fresh samples from that rollout copy): the verification decides. While it does not admit, the
    prediction is rescaled to the verified value, units are kept until it reaches the target again
    (at least one more), and the check runs again.
+
+Exports name modules as each tool does. vLLM's `ignored_layers` holds module prefixes of vLLM's own
+model: a `FusedMoE` layer `model.layers.i.mlp.experts` is skipped when an ignored name containing
+`experts` contains its prefix (`quant_utils.is_layer_skipped`), and Mixtral's vLLM model keeps the
+checkpoint's `block_sparse_moe` where transformers ≥ 5 says `mlp` (`VLLM_RENAMES`). llm-compressor
+matches names of the transformers model (`compressed_tensors` `match_name`: exact, or `re:` with
+`re.match`); its MoE calibration unfuses each experts module into per-expert `nn.Linear`s
+(`…experts.<e>.gate_proj`), so a kept experts module is `re:<name>(\.|$)`. Routers stay in full
+precision unless the scope quantizes them: both lists name them then too (llm-compressor as its MoE
+examples do, `re:.*mlp\.gate$`; vLLM builds Qwen3-MoE's and Mixtral's routers unquantized anyway).
 """
 
 from __future__ import annotations
@@ -24,8 +35,10 @@ from dataclasses import asdict, dataclass, field
 
 from mismatch.layout import model_layout
 from mismatch.models import LM
+from mismatch.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
-from mismatch.perturb.scope import _block_linears, _head_name
+from mismatch.perturb.scope import block_modules, head_name
+from mismatch.perturb.snapshot import weight_names
 from mismatch.probe_runs import probe_candidates
 from mismatch.rollout import Batch
 
@@ -34,6 +47,9 @@ MAX_REFINED = 4  # blocks whose module groups are measured one by one
 TARGET_SHARE = 0.5  # keep units until the predicted KL is this share of the limit
 MAX_VERIFICATIONS = 8
 HIGH_PRECISION_BITS = 16.0  # what an engine keeps an unquantized layer in (bf16)
+# transformers ≥ 5 module name → vLLM's, by `config.model_type` (vLLM's Mixtral keeps the checkpoint's
+# `block_sparse_moe`; transformers' conversion mapping renames it `mlp`)
+VLLM_RENAMES = {"mixtral": ((".mlp.", ".block_sparse_moe."),)}
 
 
 @dataclass
@@ -74,16 +90,35 @@ def exact_scope(names: list[str]) -> str:
 
 
 def _params(model, names: list[str]) -> int:
+    """Weight elements of the modules `names` (every expert of an experts module)."""
     modules = dict(model.named_modules())
-    return sum(modules[n].weight.numel() for n in names)
+    return sum(getattr(modules[n], a).numel() for n in names for a in weight_names(modules[n]))
 
 
-def exports(model, kept: list[str]) -> tuple[list[str], list[str]]:
-    """`(vllm_ignored_layers, llmcompressor_ignore)` for modules kept in high precision: exact module
-    names (vLLM matches a fused layer's prefix only when all its shards are listed, which the fused
-    groups guarantee); llm-compressor's list always holds the output head, which it never quantizes."""
-    head = _head_name(model)
-    return list(kept), [head, *[n for n in kept if n != head]]
+def vllm_name(model, name: str) -> str:
+    """The module `name` as vLLM's model names it (`VLLM_RENAMES`)."""
+    for old, new in VLLM_RENAMES.get(getattr(model.config, "model_type", ""), ()):
+        name = name.replace(old, new)
+    return name
+
+
+def exports(model, kept: list[str], quantized: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """`(vllm_ignored_layers, llmcompressor_ignore)` for modules kept in high precision, plus the MoE
+    routers outside `quantized` (the modules the rollout format is on), in each tool's spelling (module
+    docstring). vLLM gets exact names (it matches a fused layer's prefix only when all its shards are
+    listed, which the fused groups guarantee); llm-compressor's list always holds the output head, which
+    it never quantizes."""
+    head, moes = head_name(model), moe_blocks(model)
+    experts = {moe.experts for moe in moes}
+    full = [moe for moe in moes if moe.router not in set(quantized) and moe.router not in set(kept)]
+    vllm = [vllm_name(model, n) for n in [*kept, *(moe.router for moe in full)]]
+    if full and len(full) == len(moes):  # every router in full precision: one pattern per path in a block
+        paths = dict.fromkeys(moe.router.split(f".{moe.index}.", 1)[1] for moe in full)  # e.g. mlp.gate
+        llmc_routers = [f"re:.*{re.escape(p)}$" for p in paths]
+    else:
+        llmc_routers = [moe.router for moe in full]
+    llmc_kept = [f"re:{re.escape(n)}(\\.|$)" if n in experts else n for n in kept if n != head]
+    return vllm, [head, *llmc_routers, *llmc_kept]
 
 
 def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed: int
@@ -162,7 +197,7 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     """
     model, spec = lm.model, str(parse_spec(spec))
     names = select(model, scope)
-    blocks, n_blocks = _block_linears(model), len(model_layout(model).layers)
+    blocks, n_blocks = block_modules(model), len(model_layout(model).layers)
     by_block: dict[int, list[str]] = {}
     for n in names:
         by_block.setdefault(blocks[n][0] if n in blocks else n_blocks, []).append(n)
@@ -180,7 +215,7 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
     rest = [n for n in names if n not in set(kept)]
     frac = _params(model, kept) / _params(model, names)
     bits = getattr(parse_spec(spec), "weight_bits", math.nan)
-    vllm, llmc = exports(model, kept)
+    vllm, llmc = exports(model, kept, rest)
     layers = scope if not kept else exact_scope(rest) if rest else None
     return Recipe(spec=spec, kept=kept, layers=layers, vllm_ignored_layers=vllm,
                   llmcompressor_ignore=llmc, kept_fraction=frac,

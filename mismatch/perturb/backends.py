@@ -13,6 +13,9 @@ frozen. `:a8` adds qint8 activations, whose static scales quanto calibrates on d
 `calibration_ids`. Probes run under `torch.no_grad` (quanto's qint4 fails under
 `torch.inference_mode`).
 
+Both quantize `nn.Linear` layers only: a scope holding an MoE experts module (3-D expert tensors)
+or an MoE router (not an `nn.Linear`) is refused, naming the tensor, before anything is swapped.
+
 The original modules are never modified: each swap builds a new module from a copy of the
 weights, and the snapshot keeps the original object for `restore_`. Registers `bnb-int8|nf4|fp4`
 and `quanto-int8|int4|fp8`.
@@ -28,7 +31,8 @@ from torch import nn
 from mismatch.errors import InputError
 from mismatch.perturb.configs import BnbConfig, QuantoConfig
 from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
-from mismatch.perturb.snapshot import Snapshot, named_targets, swap_module_, weight_out_in
+from mismatch.perturb.scope import is_linear
+from mismatch.perturb.snapshot import Snapshot, named_targets, swap_module_, weight_names, weight_out_in
 
 # bitsandbytes 0.50 logs "MatMul8bitLt: inputs will be cast from torch.float32 to float16 during
 # quantization" (logger.warning) on every Linear8bitLt call with non-fp16 inputs.
@@ -57,6 +61,23 @@ def _quiet_int8_cast_(snap: Snapshot, module: nn.Module) -> None:
 
     snap.hooks.append(module.register_forward_pre_hook(pre_hook))
     snap.hooks.append(module.register_forward_hook(post_hook, always_call=True))
+
+
+def _linear_targets(config, model: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
+    """`named_targets`, each checked to be a linear layer.
+
+    Raises:
+        InputError: an MoE experts module or router among them (named with its tensor's shape).
+    """
+    targets = named_targets(model, names)
+    for name, module in targets:
+        if not is_linear(module):
+            attr = weight_names(module)[0]
+            shape = list(getattr(module, attr).shape)
+            raise InputError(f"{config} quantizes nn.Linear layers only, not {name}.{attr} {shape} "
+                             f"({type(module).__name__}); use a torch-native kind (int4:group128, fp8-e4m3:channel) "
+                             "or a scope without MoE experts and routers (attn)")
+    return targets
 
 
 def _as_linear(module: nn.Module) -> nn.Linear:
@@ -95,7 +116,7 @@ def _bnb_module(lin: nn.Linear, config: BnbConfig, device: torch.device) -> nn.M
 def _apply_bnb_(config: BnbConfig, model: nn.Module, names: list[str], snap: Snapshot,
                 ctx: ApplyContext) -> None:
     device = next(model.parameters()).device
-    for name, module in named_targets(model, names):
+    for name, module in _linear_targets(config, model, names):
         q = _bnb_module(_as_linear(module), config, device)
         if config.method == "int8":
             _quiet_int8_cast_(snap, q)
@@ -109,7 +130,7 @@ def _apply_quanto_(config: QuantoConfig, model: nn.Module, names: list[str], sna
     if config.activations and ctx.calibration_ids is None:
         raise InputError(f"{config} quantizes activations with calibrated static scales: "
                          "pass calibration_ids (token ids [B, T]) to perturb")
-    targets = named_targets(model, names)
+    targets = _linear_targets(config, model, names)
     for name, module in targets:
         if module.weight.dtype != torch.float32:
             raise InputError(f"{config} expects an fp32 model, {name} is {module.weight.dtype}")

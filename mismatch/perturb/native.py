@@ -1,8 +1,11 @@
 """Torch-native perturbation kinds: FP8 and integer weight rounding, a lower dtype, weight noise.
 
-Each handler swaps new parameters (and forward hooks) into the selected linear layers through
+Each handler swaps new parameters (and forward hooks) into the selected modules through
 `mismatch.perturb.snapshot`, never writing into the model's tensors; the rounding recipes are in
-`mismatch.perturb.rounding`. Registers `fp8-e4m3` / `fp8-e5m2`, `int8` / `int4`, `dtype`, `noise`.
+`mismatch.perturb.rounding`. A selected module is a linear layer, an MoE router (its `[E, D]` weight
+is one linear map) or an MoE experts module, whose every expert matrix is treated as one linear
+layer (`weight_names`, `weight_out_in`: `[E, out, in]`). Registers `fp8-e4m3` / `fp8-e5m2`,
+`int8` / `int4`, `dtype`, `noise`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from mismatch.errors import InputError
 from mismatch.models import parse_dtype
+from mismatch.moe import is_experts
 from mismatch.perturb import rounding
 from mismatch.perturb.configs import DtypeConfig, FP8Config, IntConfig, NoiseConfig
 from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
-from mismatch.perturb.snapshot import Snapshot, named_targets, swap_param_, swap_weight_, weight_out_in
+from mismatch.perturb.snapshot import (Snapshot, bias_names, named_targets, swap_param_, swap_weight_, weight_names,
+                                       weight_out_in)
 
 
 def _fp8_activation_hook(fmt: str) -> Callable:
@@ -35,14 +41,26 @@ def _dtype_hooks(dtype: torch.dtype) -> tuple[Callable, Callable]:
         return (args[0].to(dtype), *args[1:])
 
     def post_hook(_module, _args, output):
-        return output.to(in_dtypes.pop())
+        back = in_dtypes.pop()
+        if isinstance(output, tuple):  # a router returns (logits, scores, expert ids)
+            return tuple(o.to(back) if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in output)
+        return output.to(back)
     return pre_hook, post_hook
 
 
 def _apply_fp8_(config: FP8Config, model: nn.Module, names: list[str], snap: Snapshot,
                 ctx: ApplyContext) -> None:
-    for _, module in named_targets(model, names):
-        swap_weight_(snap, module, rounding.round_fp8(weight_out_in(module), config.fmt, config.granularity))
+    targets = named_targets(model, names)
+    if config.w8a8:
+        experts = next((name for name, module in targets if is_experts(module)), None)
+        if experts is not None:
+            raise InputError(f"{config} cannot round activations inside the fused experts {experts} (their down "
+                             "projection's input never leaves the experts' forward); use weight-only fp8 there "
+                             "or a scope without experts (attn)")
+    for _, module in targets:
+        for attr in weight_names(module):
+            swap_weight_(snap, module, rounding.round_fp8(weight_out_in(module, attr), config.fmt, config.granularity),
+                         attr)
         if config.w8a8:
             snap.hooks.append(module.register_forward_pre_hook(_fp8_activation_hook(config.fmt)))
 
@@ -50,16 +68,19 @@ def _apply_fp8_(config: FP8Config, model: nn.Module, names: list[str], snap: Sna
 def _apply_int_(config: IntConfig, model: nn.Module, names: list[str], snap: Snapshot,
                 ctx: ApplyContext) -> None:
     for _, module in named_targets(model, names):
-        swap_weight_(snap, module, rounding.round_int(weight_out_in(module), config.bits, config.group_size))
+        for attr in weight_names(module):
+            swap_weight_(snap, module, rounding.round_int(weight_out_in(module, attr), config.bits, config.group_size),
+                         attr)
 
 
 def _apply_dtype_(config: DtypeConfig, model: nn.Module, names: list[str], snap: Snapshot,
                   ctx: ApplyContext) -> None:
     dtype = parse_dtype(config.dtype)
     for _, module in named_targets(model, names):
-        swap_weight_(snap, module, weight_out_in(module).to(dtype))
-        if module.bias is not None:
-            swap_param_(snap, module, "bias", module.bias.detach().to(dtype))
+        for attr in weight_names(module):
+            swap_weight_(snap, module, weight_out_in(module, attr).to(dtype), attr)
+        for attr in bias_names(module):
+            swap_param_(snap, module, attr, getattr(module, attr).detach().to(dtype))
         pre, post = _dtype_hooks(dtype)
         snap.hooks.append(module.register_forward_pre_hook(pre))
         snap.hooks.append(module.register_forward_hook(post))
@@ -68,15 +89,17 @@ def _apply_dtype_(config: DtypeConfig, model: nn.Module, names: list[str], snap:
 def _apply_noise_(config: NoiseConfig, model: nn.Module, names: list[str], snap: Snapshot,
                   ctx: ApplyContext) -> None:
     """W ← W + σ·rms(W)·ε, ε ~ N(0, 1) drawn tensor by tensor in model order from one generator
-    seeded with `ctx.seed` (so a scope's draws do not depend on other scopes)."""
+    seeded with `ctx.seed` (so a scope's draws do not depend on other scopes); rms(W) per matrix
+    (per expert, for an experts tensor `[E, out, in]`, drawn at once in that shape)."""
     if config.sigma == 0:
         return  # exactly the unperturbed model
     gen = torch.Generator().manual_seed(ctx.seed)
     for _, module in named_targets(model, names):
-        w = weight_out_in(module)
-        rms = w.float().pow(2).mean().sqrt()
-        eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
-        swap_weight_(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype))
+        for attr in weight_names(module):
+            w = weight_out_in(module, attr)
+            rms = w.float().pow(2).mean(dim=(-2, -1), keepdim=True).sqrt()
+            eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+            swap_weight_(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype), attr)
 
 
 register_kind(Kind(

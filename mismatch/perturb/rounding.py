@@ -9,6 +9,9 @@ up to fp32 rounding (measured 3e-7 relative) and is ~1000x faster there.
 
 Integers are symmetric: s = absmax / qmax (qmax = 127 or 7) per output channel or per group of
 N input columns; W ≈ s · clamp(round(W / s), −qmax − 1, qmax) (round half to even, as torch.round).
+
+Both take a stack of matrices `[..., out, in]` (MoE experts `[E, out, in]`): each matrix is rounded
+as if alone, so "tensor", "channel", "group" and "block" live within one expert's matrix.
 """
 
 from __future__ import annotations
@@ -37,25 +40,28 @@ def _cast_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
 def round_fp8(weight_RC: torch.Tensor, fmt: str, granularity: str) -> torch.Tensor:
     """Round a weight `[R, C]` (out × in) through FP8 with an absmax scale; returns its dtype.
 
+    Leading dimensions are a stack of independent matrices (MoE experts `[E, R, C]`): every scale
+    then lives within one matrix, exactly as if each were rounded on its own.
+
     Args:
-        weight_RC: weight matrix (any float dtype; computed in fp32).
+        weight_RC: weight matrix `[..., R, C]` (any float dtype; computed in fp32).
         fmt: "e4m3" or "e5m2".
-        granularity: "tensor", "channel" (per output row) or "block128" (128×128 tiles; edge
-            tiles of shapes not divisible by 128 use their own absmax).
+        granularity: "tensor" (one scale per matrix), "channel" (per output row) or "block128"
+            (128×128 tiles; edge tiles of shapes not divisible by 128 use their own absmax).
     """
     w = weight_RC.float()
     fmax = fp8_max(fmt)
     if granularity == "tensor":
-        out = _cast_fp8(w, _safe_scale(w.abs().amax(), fmax), fmt)
+        out = _cast_fp8(w, _safe_scale(w.abs().amax(dim=(-2, -1), keepdim=True), fmax), fmt)
     elif granularity == "channel":
         out = _cast_fp8(w, _safe_scale(w.abs().amax(dim=-1, keepdim=True), fmax), fmt)
     elif granularity == "block128":
-        R, C = w.shape
+        *lead, R, C = w.shape
         pr, pc = -R % 128, -C % 128
         padded = F.pad(w, (0, pc, 0, pr))  # zeros never raise an absmax
-        tiles = padded.reshape((R + pr) // 128, 128, (C + pc) // 128, 128)  # [Rb, 128, Cb, 128]
-        scale = _safe_scale(tiles.abs().amax(dim=(1, 3), keepdim=True), fmax)
-        out = _cast_fp8(tiles, scale, fmt).reshape(R + pr, C + pc)[:R, :C]
+        tiles = padded.reshape(*lead, (R + pr) // 128, 128, (C + pc) // 128, 128)  # [..., Rb, 128, Cb, 128]
+        scale = _safe_scale(tiles.abs().amax(dim=(-3, -1), keepdim=True), fmax)
+        out = _cast_fp8(tiles, scale, fmt).reshape(*lead, R + pr, C + pc)[..., :R, :C]
     else:
         raise ValueError(f"unknown FP8 granularity {granularity!r}")
     return out.to(weight_RC.dtype)
@@ -69,13 +75,14 @@ def round_fp8_per_token(x_TD: torch.Tensor, fmt: str) -> torch.Tensor:
 
 def round_int(weight_RC: torch.Tensor, bits: int, group_size: int | None) -> torch.Tensor:
     """Symmetric integer rounding of a weight `[R, C]`, per output channel (`group_size=None`)
-    or per group of `group_size` input columns (the last group may be shorter)."""
+    or per group of `group_size` input columns (the last group may be shorter). Leading
+    dimensions are a stack of independent matrices (MoE experts `[E, R, C]`)."""
     qmax = 2 ** (bits - 1) - 1
     w = weight_RC.float()
-    R, C = w.shape
+    *lead, R, C = w.shape
     g = C if group_size is None else group_size
     pad = -C % g
-    groups = F.pad(w, (0, pad)).reshape(R, (C + pad) // g, g)  # [R, G, g]
+    groups = F.pad(w, (0, pad)).reshape(*lead, R, (C + pad) // g, g)  # [..., R, G, g]
     scale = _safe_scale(groups.abs().amax(dim=-1, keepdim=True), qmax)
     q = torch.clamp(torch.round(groups / scale), -qmax - 1, qmax) * scale
-    return q.reshape(R, C + pad)[:, :C].to(weight_RC.dtype)
+    return q.reshape(*lead, R, C + pad)[..., :C].to(weight_RC.dtype)

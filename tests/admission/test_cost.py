@@ -72,3 +72,27 @@ def test_measured_cost_on_cuda_is_labelled_and_positive():
     lm = mismatch.load("smollm2-135m")
     got = measured_cost(lm, "bnb-nf4", ["What is the capital of France?"] * 8)
     assert got["label"] == "measured" and got["rollout_cost"] > 0 and got["reference_tokens_per_s"] > 0
+
+
+# tiny-qwen3-moe: 2 blocks, attention as above with q/k norms of 16, 8 experts of width 160, top-2, untied head
+MOE_ATTN = 2 * (64 * 64 + 32 * 64 + 32 * 64 + 64 * 64)
+MOE_EXPERTS = 2 * 8 * (320 * 64 + 64 * 160)  # gate_up [8, 320, 64] + down [8, 64, 160] per block
+MOE_ACTIVE = MOE_EXPERTS * 2 / 8  # a decoded token reads its top-2 of 8 experts
+MOE_ROUTERS = 2 * 8 * 64
+MOE_READ = MOE_ATTN + MOE_ACTIVE + MOE_ROUTERS + 2 * (16 + 16 + 64 + 64) + 64 + HEAD
+
+
+def test_an_moe_token_reads_and_multiplies_only_its_active_experts():
+    model = mismatch.load("tiny-qwen3-moe").model
+    q = MOE_ATTN + MOE_ACTIVE
+    c = rollout_cost(model, "int8:channel")  # linear: attention and experts; routers full precision
+    assert c.weight_bytes == pytest.approx(((MOE_READ - q) * 32 + q * 8) / (MOE_READ * 32), rel=1e-12)
+    bf16 = rollout_cost(model, "dtype:bf16")
+    matmuls = HEAD + MOE_ROUTERS + MOE_ATTN + MOE_ACTIVE
+    assert bf16.matmul_cost == pytest.approx((HEAD + MOE_ROUTERS + q * 16 / 32) / matmuls, rel=1e-12)
+    k = rollout_cost(model, "int8:channel", kept=["model.layers.0.mlp.experts"])
+    q_kept = q - MOE_ACTIVE / 2
+    assert k.weight_bytes == pytest.approx(((MOE_READ - q_kept) * 32 + q_kept * 8) / (MOE_READ * 32), rel=1e-12)
+    r = rollout_cost(model, "int8:channel", layers="router")
+    routers = ((MOE_READ - MOE_ROUTERS) * 32 + MOE_ROUTERS * 8) / (MOE_READ * 32)
+    assert r.weight_bytes == pytest.approx(routers, rel=1e-12)

@@ -1,10 +1,13 @@
 """Mixed-precision recipes: a block made fragile on purpose is found, kept, and the verified check passes."""
 
+import re
+
+import pytest
 import torch
 
 import mismatch
 from mismatch.admission import check
-from mismatch.admission.recipe import exact_scope, module_groups
+from mismatch.admission.recipe import exact_scope, exports, module_groups
 from mismatch.perturb import select
 
 PROMPTS = ["the cat sat on", "a b c d e f", "hello there you", "sort 3 1 2 9", "x y z", "one two three"]
@@ -64,3 +67,39 @@ def test_an_admitted_format_keeps_nothing_and_the_check_is_its_verification():
     assert (recipe["verified_status"], recipe["verified_value"]) == (got.status, got.decisions[0].value)
     assert recipe["layers"] == "linear" and recipe["vllm_ignored_layers"] == [] and recipe["llmcompressor_ignore"] == ["lm_head"]
     assert recipe["kept_fraction"] == 0.0 and recipe["bits_per_weight"] == 8.0
+
+
+def _vllm_skips(prefix, ignored):
+    """vLLM's `quant_utils.is_layer_skipped` for a `FusedMoE` prefix (`…experts`) or a plain layer: an
+    experts layer is skipped when an ignored name holding `experts` contains its prefix, others on exact names."""
+    if "experts" in prefix:
+        return any(prefix in name for name in ignored if "experts" in name)
+    return prefix in ignored
+
+
+def _llmc_ignores(name, ignore):
+    """compressed-tensors' `match_name`: `re:` patterns with re.match, other entries exact."""
+    return any(re.match(t[3:], name) if t.startswith("re:") else t == name for t in ignore)
+
+
+@pytest.mark.parametrize("family,moe", [("tiny-qwen3-moe", "mlp"), ("tiny-mixtral", "block_sparse_moe")])
+def test_moe_exports_name_experts_and_routers_as_vllm_and_llmcompressor_do(family, moe):
+    model = mismatch.load(family).model
+    groups = module_groups(select(model, "0"))
+    assert groups[-1] == ["model.layers.0.mlp.experts"] and [len(g) for g in groups] == [3, 1, 1]
+    kept = ["model.layers.0.self_attn.o_proj", "model.layers.0.mlp.experts"]
+    rest = [n for n in select(model, "linear") if n not in kept]
+    vllm, llmc = exports(model, kept, rest)
+    assert vllm == ["model.layers.0.self_attn.o_proj", f"model.layers.0.{moe}.experts",
+                    f"model.layers.0.{moe}.gate", f"model.layers.1.{moe}.gate"]
+    assert _vllm_skips(f"model.layers.0.{moe}.experts", vllm) and not _vllm_skips(f"model.layers.1.{moe}.experts", vllm)
+    assert llmc[:2] == ["lm_head", r"re:.*mlp\.gate$"]  # as llm-compressor's MoE examples spell the routers
+    # llm-compressor unfuses the experts into per-expert linears for calibration: those are ignored, block 1's not
+    for name, ignored in [("model.layers.0.mlp.experts", True), ("model.layers.0.mlp.experts.7.down_proj", True),
+                          ("model.layers.1.mlp.experts.0.gate_proj", False), ("model.layers.0.mlp.gate", True),
+                          ("model.layers.1.mlp.gate", True), ("model.layers.0.self_attn.o_proj", True),
+                          ("model.layers.0.self_attn.q_proj", False), ("lm_head", True)]:
+        assert bool(_llmc_ignores(name, llmc)) == ignored, name
+    # a scope that quantizes the routers leaves them out of both lists
+    vllm, llmc = exports(model, [], select(model, "router"))
+    assert vllm == [] and llmc == ["lm_head"]
