@@ -45,10 +45,13 @@ def _slow(rows):
         "rollout_corr/kl": mean([-x for x in log_r]),
         "rollout_corr/k3_kl": mean([math.exp(x) - 1 - x for x in log_r]),
         "rollout_corr/training_ppl": mean([math.exp(-x) for x in seq_lt]),
+        "rollout_corr/training_log_ppl": mean([-x for x in seq_lt]),
+        "rollout_corr/rollout_ppl": mean([math.exp(-x) for x in seq_lr]),
         "rollout_corr/rollout_log_ppl": mean([-x for x in seq_lr]),
         "rollout_corr/log_ppl_diff": mean(diffs),
         "rollout_corr/log_ppl_abs_diff": mean([abs(d) for d in diffs]),
         "rollout_corr/log_ppl_diff_max": max(diffs),
+        "rollout_corr/log_ppl_diff_min": min(diffs),
         "rollout_corr/ppl_ratio": mean([math.exp(d) for d in diffs]),
         "rollout_corr/chi2_token": mean([math.exp(2 * clamp(x)) for x in log_r]) - 1,
         "rollout_corr/chi2_seq": mean([math.exp(2 * clamp(sum(t - r for t, r in v))) for v in by_seq.values()]) - 1,
@@ -69,6 +72,7 @@ def test_statistics_match_a_plain_python_computation(seed):
     lt = torch.tensor([t for _, t, _ in rows], dtype=torch.float64)
     lr = torch.tensor([r for _, _, r in rows], dtype=torch.float64)
     got = rollout_stats(lt, lr, seq)
+    assert set(got) == set(_slow(rows))  # every statistic, recomputed
     for name, expected in _slow(rows).items():
         assert got[name] == pytest.approx(expected, rel=1e-12, abs=1e-15), name
     assert got["rollout_corr/rollout_is_ratio_fraction_high"] > 0 and got["rollout_corr/rollout_is_ratio_fraction_low"] > 0

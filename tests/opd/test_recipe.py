@@ -186,3 +186,40 @@ def test_steps_log_the_framework_named_statistics_of_their_own_rollout_tokens():
     assert verl_kl == kl and all(v != 0.0 for v in kl.values())  # the same k1 estimate, bit for bit
     assert all(v >= 1.0 for v in _by(rows, "train/token_mult_prob_error").values())
     assert set(_by(rows, "train/train_rollout_logprob_abs_diff")) == {1, 2}
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, None), (1.0, 0.9), (0.7, 0.9)])
+def test_a_clean_run_at_another_temperature_or_top_p_has_zero_mismatch(temperature, top_p):
+    """The rollout's log-probs are those of the warped sampling distribution; the student's are
+    scored under the same warp, so a clean run measures exactly no mismatch (scored at temperature 1
+    they would differ by the warp itself)."""
+    rows = train(OPDConfig(**{**SHORT, "steps": 2}, temperature=temperature, top_p=top_p))
+    for metric in ("mismatch_kl", "mismatch_logp_abs_diff_max", "mismatch_chi2_token"):
+        assert set(_by(rows, metric).values()) == {0.0}, metric
+
+
+def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
+    """`heldout_rkl` against a direct computation: the same samples (same seed), full logits of both
+    models in float64, Σ_v π_S (log π_S − log π_T) per response token, averaged. The forward KL on
+    the same tokens is far from it, so the test tells the two apart."""
+    from mismatch.opd.recipe import heldout_rkl
+    from mismatch.positions import position_ids
+    from mismatch.rollout import generate
+
+    pair = mismatch.load_pair("sort-gpt2")
+    assert pair.student_context == pair.teacher_context  # the teacher scores the same batch
+    prompts = pair.prompts("held_out", 12)
+    kw = dict(chat=pair.chat, max_new_tokens=pair.max_new_tokens, seed=4)
+    got, _ = heldout_rkl(pair.student, pair.teacher, prompts, student_context=pair.student_context,
+                         teacher_context=pair.teacher_context, chunk_tokens=5, **kw)
+    batch = generate(pair.student, prompts, temperature=1.0, context=pair.student_context, **kw)
+    pos = position_ids(batch.attention_mask)
+    with torch.no_grad():
+        ls, lt = (torch.log_softmax(m.model(batch.input_ids, attention_mask=batch.attention_mask,
+                                            position_ids=pos).logits.double(), -1) for m in (pair.student, pair.teacher))
+    rows = [(b, t - 1) for b, t in batch.response_mask.nonzero().tolist()]
+    rkl = sum(float((ls[b, t].exp() * (ls[b, t] - lt[b, t])).sum()) for b, t in rows) / len(rows)
+    fkl = sum(float((lt[b, t].exp() * (lt[b, t] - ls[b, t])).sum()) for b, t in rows) / len(rows)
+    # fp32 log-probs against float64: ~1e-6 nats per term, well inside rel 1e-5 of a ~1-nat mean
+    assert got == pytest.approx(rkl, rel=1e-5)
+    assert abs(fkl - rkl) > 0.01 * rkl
