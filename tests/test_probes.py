@@ -477,3 +477,25 @@ def test_router_rows_are_stored_only_for_moe_layers(tiny):
     dense_rows = rows_of(mismatch.probe(dense, dense, ids))
     assert "router_topk_agree" not in set(dense_rows["metric"])
     assert mismatch.probe(dense, dense, ids).per_layer["router_topk_agree"].isna().all()
+
+
+def test_an_unknown_logit_post_processing_fails_loudly(tiny):
+    """A model whose forward rescales its logits in a way the head map does not know (an architecture
+    mismatch has never seen): the probe stops with one error instead of scoring the head's plain
+    logits (which would give silently wrong divergences)."""
+    lm = mismatch.load("tiny-llama")
+    plain = type(lm.model)
+
+    class RescaledLogits(plain):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 1.7
+            return out
+
+    ids = random_ids(2, 8, seed=9)
+    lm.model.__class__ = RescaledLogits
+    for ref, cand in ((lm.model, tiny("tiny-llama").model), (tiny("tiny-llama").model, lm.model)):
+        with pytest.raises(mismatch.InputError, match="post-processes logits"):
+            mismatch.probe(ref, cand, ids)
+    lm.model.__class__ = plain
+    assert mismatch.probe(lm.model, tiny("tiny-llama").model, ids).summary["kl_fwd_max"] == 0.0

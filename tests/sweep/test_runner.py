@@ -1,7 +1,9 @@
 """Running a study: every task into one dataset, a ledger of done/failed tasks, resume that skips
 what is done, failures recorded without stopping, and kill -9 + resume ending with the same tables."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,9 +43,13 @@ eval_prompts = 8
 TIMING = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
 
 
-def _study(tmp_path, layers='["linear"]', steps=2):
+def _study(tmp_path, layers='["linear"]', **settings):
+    """The tiny study, with `settings` (steps, batch_size, …, and `pairs`) replacing its own."""
+    text = STUDY.format(layers=layers)
+    for key, value in settings.items():
+        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {json.dumps(value)}", text)
     path = tmp_path / "tiny.toml"
-    path.write_text(STUDY.format(layers=layers).replace("steps = 2", f"steps = {steps}"))
+    path.write_text(text)
     return load_study(path)
 
 
@@ -137,8 +143,10 @@ def _tables(out, folder):
 def test_kill_9_mid_task_then_resume_gives_the_rows_and_tables_of_an_uninterrupted_serial_sweep(tmp_path, workers):
     """A study is a function of its file: serially or on 2 Ray workers, killed with SIGKILL while a task
     is half-written and resumed, every row and every report table is bit-identical to an uninterrupted
-    serial sweep (each task runs at the study's torch thread count, 1)."""
-    study = _study(tmp_path, steps=6)
+    serial sweep (each task runs at the study's torch thread count, 1, while this process runs at its
+    own, 2 on these machines). sort-gpt2 at 64 prompts a step: large enough that torch splits its sums
+    over threads, so a task at another thread count gives other rows."""
+    study = _study(tmp_path, pairs=["sort-gpt2"], steps=6, batch_size=64, eval_prompts=64)
     run_study(study, tmp_path / "whole")
     out = tmp_path / "killed"
     cmd = [str(Path(sys.executable).with_name("mismatch")), "sweep", str(study.path), "--out", str(out), *workers]
