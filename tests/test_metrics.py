@@ -30,3 +30,36 @@ def test_two_token_distributions_by_hand():
     assert s["dp_rms"] == pytest.approx(math.sqrt(((0.1 - 0.6) ** 2 + 0) / 2), rel=1e-6)
     assert s["ppl_cand_over_ref"] == pytest.approx(math.exp((math.log(0.6) + math.log(0.25)) / 2
                                                     - (math.log(0.1) + math.log(0.25)) / 2), rel=1e-6)
+
+
+def test_sampled_token_metrics_equal_a_plain_python_computation():
+    """The admission check's `mismatch_*` statistics, every key, from the definitions in plain Python."""
+    from mismatch.errors import InputError
+    from mismatch.metrics import sampled_token_metrics
+
+    log_r = [0.9, -0.8, 0.05, -0.001, 0.0, 1.2, -2.5]  # two ratios above 2, one below ½
+    lt = torch.tensor([-1.0 - 0.1 * i for i in range(len(log_r))], dtype=torch.float64)
+    lr = lt - torch.tensor(log_r, dtype=torch.float64)
+    got = sampled_token_metrics(lt, lr, clip=2.0)
+    n = len(log_r)
+    want = {"kl": sum(-x for x in log_r) / n, "k3": sum(math.expm1(x) - x for x in log_r) / n,
+            "logp_abs_diff_mean": sum(abs(x) for x in log_r) / n, "logp_abs_diff_max": max(abs(x) for x in log_r),
+            "is_ratio_outside_frac": sum(not 0.5 <= math.exp(x) <= 2.0 for x in log_r) / n,
+            "chi2_token": sum(math.exp(2 * x) for x in log_r) / n - 1}
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12), k
+    assert sampled_token_metrics(lt, lr, clip=3.0)["is_ratio_outside_frac"] == 2 / n  # e^1.2 > 3, e^-2.5 < 1/3
+    for bad in ((lt, lr[:3]), (lt[:0], lr[:0])):
+        with pytest.raises(InputError, match="need two \\[N\\] log-prob tensors"):
+            sampled_token_metrics(*bad)
+
+
+def test_summary_counts_the_sequences_that_have_tokens():
+    """Sequence ids with gaps (a sequence scored no token): `sequences` counts the present ones."""
+    from mismatch.metrics import sampled_summary
+
+    lp = torch.tensor([-1.0, -2.0, -0.5, -0.7], dtype=torch.float64)
+    s = sampled_summary(lp, lp - 0.1, torch.tensor([0, 0, 3, 5]), clip=2.0)
+    assert s["sequences"] == 3 and s["tokens"] == 4
+    assert s["seq_log_ratio_abs_mean"] == pytest.approx((0.2 + 0.1 + 0.1) / 3, rel=1e-12)

@@ -172,3 +172,35 @@ def test_a_clean_twin_at_zero_kl_gives_a_ratio_not_a_crash():
     clean = [{"step": 2, "metric": "heldout_rkl", "value": 0.0}]
     for run_kl, ratio in ((0.0, 1.0), (0.5, math.inf)):
         assert verdict(clean, [{"step": 2, "metric": "heldout_rkl", "value": run_kl}])["kl_ratio"] == ratio
+
+
+def test_the_kl_ratio_alone_decides_when_accuracy_keeps_up():
+    """Δ accuracy fine on every seed; the KL ratio's interval alone decides: wholly above 1 + kl_tol →
+    not tolerated, straddling it → uncertain, wholly below → tolerated (default kl_tol 0.10)."""
+    ratios = {"int8:channel": [1.30, 1.32, 1.28], "int4:group128": [1.05, 1.15, 1.10], "fp8-e4m3": [1.00, 1.02, 1.01]}
+    frames = [_run(dataclasses.replace(BASE, seed=s), 0.40, 1.0) for s in range(3)]
+    for rollout, per_seed in ratios.items():
+        frames += [_run(dataclasses.replace(BASE, rollout=rollout, seed=s), 0.40 + (0.001 * s), r)
+                   for s, r in enumerate(per_seed)]
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True))).set_index("level")
+    assert levels.loc["int8:channel", "verdict"] == "not tolerated"
+    assert levels.loc["int4:group128", "verdict"] == "uncertain"
+    assert levels.loc["fp8-e4m3:channel", "verdict"] == "tolerated"
+    mean, half = t_interval(ratios["int4:group128"])
+    assert (levels.loc["int4:group128", "kl_ratio"], levels.loc["int4:group128", "kl_ratio_hw"]) == pytest.approx((mean, half))
+
+
+def test_an_interval_touching_its_threshold_is_on_the_tolerated_side():
+    """`_judge`: an upper limit is kept while the interval's top is ≤ it, a lower one while its bottom is ≥
+    it; past it by any amount on the far side, not tolerated; a missing interval is never a verdict."""
+    from mismatch.tolerance import _judge
+
+    assert _judge(1.0, 0.1, 1.1, upper=True) == "tolerated"  # top exactly at the limit
+    assert _judge(1.2 + 1e-12, 0.1, 1.1, upper=True) == "not tolerated"  # bottom just above it
+    assert _judge(1.2, 0.1, 1.1, upper=True) == "uncertain"  # bottom exactly at it
+    assert _judge(-0.01, 0.01, -0.02, upper=False) == "tolerated"  # bottom exactly at the limit
+    assert _judge(-0.03 - 1e-12, 0.01, -0.02, upper=False) == "not tolerated"
+    assert _judge(-0.03, 0.01, -0.02, upper=False) == "uncertain"
+    assert _judge(0.0, math.nan, -0.02, upper=False) == "uncertain" and _judge(math.nan, 0.0, 1.1, upper=True) == "uncertain"
+    assert t_interval(list(range(31)))[1] == pytest.approx(2.042 * statistics.stdev(range(31)) / math.sqrt(31))  # df 30
+    assert t_interval(list(range(32)))[1] == pytest.approx(1.96 * statistics.stdev(range(32)) / math.sqrt(32))

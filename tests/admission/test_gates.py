@@ -24,6 +24,7 @@ def _tokens(seed=0, n_seq=5):
     seqs[0][0] = (-3.0, 1.2)   # r ≈ 3.3 > 2: truncated by verl's TIS
     seqs[1][0] = (-2.0, -10.0)  # r = 4.5e-5 < ½
     seqs[2][0] = (-0.5, -25.0)  # log r beyond verl's ±20 clamp (k3_kl is not clamped, chi2 and IS weights are)
+    seqs[3][0] = (-30.0, 25.0)  # and beyond +20: the token's r and a sequence's Σ log r are clamped at e^20
     rows = [(s, min(lp + lr, 0.0), lp) for s, seq in enumerate(seqs) for lp, lr in seq]
     return rows
 
@@ -158,6 +159,13 @@ def test_identical_policies_give_the_neutral_values_exactly():
     assert got["train/train_rollout_logprob_abs_diff"] == 0.0
     assert got["rollout_corr/rollout_rs_seq_masked_fraction"] == 0.0
     assert all(g.passes(got[g.metric]) for name in PRESETS for g in PRESETS[name])
+
+
+def test_a_gate_admits_a_value_exactly_at_its_limit():
+    from mismatch.admission.gates import Gate
+
+    gate = Gate("rollout_corr/kl", 0.1, "test")
+    assert gate.passes(0.1) and not gate.passes(0.1 + 1e-12) and gate.passes(-1.0)
 
 
 def test_bad_input_is_a_clear_error():

@@ -34,3 +34,19 @@ def test_an_optimizer_built_before_a_probe_still_trains_the_model_after_it():
     opt.step()
     with torch.no_grad():
         assert not torch.equal(lm.model(ids).logits, before)  # the step moved the weights the model runs
+
+
+def test_a_perturbed_model_says_so_and_its_new_weights_take_no_gradient():
+    from mismatch.perturb import active_perturbations, is_perturbed
+
+    lm = mismatch.load("tiny-llama")
+    assert not is_perturbed(lm.model) and active_perturbations(lm.model) == ()
+    with perturbed(lm.model, "int4:group128", layers="attn") as cand, perturbed(cand, "noise:0.1", layers="0"):
+        snaps = active_perturbations(lm.model)
+        assert is_perturbed(lm.model) and [(s.spec, s.layers) for s in snaps] == [("int4:group128", "attn"),
+                                                                                   ("noise:0.1", "0")]
+        swapped = lm.model.model.layers[0].self_attn.q_proj.weight
+        assert not swapped.requires_grad
+    from mismatch.perturb.apply import ACTIVE_PERTURBATIONS_KEY
+
+    assert not is_perturbed(lm.model) and ACTIVE_PERTURBATIONS_KEY not in lm.model.__dict__
