@@ -1,7 +1,7 @@
 """mismatch: measure how much training-inference mismatch on-policy distillation tolerates.
 
 Public API (names are the contract, see DESIGN.md):
-    load, list_models, LM                    models.py
+    load, list_models, LM                    models.py (load: pairs/registry.py, PAIR:student too)
     probe, reference, ProbeResult, Reference probes.py
     ProbeConfig, probe_candidates, run_probes probe_runs.py (one reference, many candidates)
     read_results                             results.py (the results dataset)
@@ -26,10 +26,11 @@ from mismatch.errors import (  # noqa: E402
     NumericsError,
     VocabMismatchError,
 )
-from mismatch.models import LM, list_models, load  # noqa: E402
+from mismatch.models import LM, list_models  # noqa: E402
 from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
 from mismatch.perturb import parse_spec, perturb_, perturbed, restore_  # noqa: E402
 from mismatch.pairs import Pair, list_pairs, load_pair  # noqa: E402
+from mismatch.pairs.registry import load_member as load  # noqa: E402  (PAIR:student too, as the CLI)
 from mismatch import rollout  # noqa: E402
 from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
 from mismatch.probe_runs import ProbeConfig, probe_candidates, run_probes  # noqa: E402

@@ -4,7 +4,7 @@
         --prompts mismatch/data/prompts.txt --chat --max-new-tokens 64 --out results/quant
     mismatch opd --pair sort-gpt2 --rollout fp8-e4m3 --rollout stale:1 --baseline --out results/opd
     mismatch sweep sweeps/quick.toml --out results/quick [--resume] [--dry-run] [--workers 2]
-    mismatch report results/quant results/opd --out-dir reports
+    mismatch report results/quant results/opd --out-dir reports/mine
     mismatch check smollm2-135m --rollout fp8-e4m3:block128 [--preset slime] [--staleness 1] [--json]
     mismatch thresholds results/paper --out mismatch/data/admission_thresholds.json
 
@@ -14,16 +14,14 @@ exits with status 2; results already written are never touched by a failing run.
 
 from __future__ import annotations
 
-import functools
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from transformers.utils import logging as hf_logging
 
 from mismatch import cli_check, cli_engines, console, opd as opd_lib, pairs as pairs_lib, sweep as sweep_lib
-from mismatch.cli_common import AccTol, KlTol, Out, Overwrite, err, out
-from mismatch.errors import MismatchError
+from mismatch.cli_common import AccTol, Force, KlTol, Out, Overwrite, command, err, out
 from mismatch.models import list_models
 from mismatch.probe_runs import ProbeConfig, run_probes
 from mismatch.report import report as write_report
@@ -36,23 +34,28 @@ pairs_app = typer.Typer(help="Student–teacher pairs: list them (no subcommand)
 app.add_typer(pairs_app, name="pairs")
 
 
-def command(group: typer.Typer, name: str | None = None):
-    """Register a command on `group` with one-line errors (exit 2) and quiet `transformers` logging."""
-    def register(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
-            try:
-                return fn(*args, **kwargs)
-            except MismatchError as exc:
-                typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)  # one line, never wrapped
-                raise typer.Exit(2) from None
-        return group.command(name)(wrapper)
-    return register
+USAGE_ERROR = typer.BadParameter.__mro__[1]  # typer's own click UsageError: a bad, unknown or missing option
 
 
-@app.command()
+def main() -> None:
+    """The console script: `app`, with a usage error (`--max-new-tokens abc`) as the same one `error:`
+    line every other error is (exit 2) and an interrupt outside a command as one line (exit 130)."""
+    try:
+        code = app(prog_name="mismatch", standalone_mode=False)  # a command's typer.Exit code, else None
+        sys.exit(code if isinstance(code, int) else 0)
+    except USAGE_ERROR as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `mismatch` or a group alone: its help, as click prints it
+            exc.show()
+            sys.exit(2)
+        where = exc.ctx.command_path if exc.ctx else "mismatch"
+        typer.echo(f"error: {exc.format_message().splitlines()[0]} (see `{where} --help`)", err=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+@command(app)
 def models() -> None:
     """List the built-in model specs (any local HF directory or cached hub id works too)."""
     out.print(console.models_table(list_models()))
@@ -189,10 +192,10 @@ def report(
     results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
     out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
     kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02,
+    acc_tol: AccTol = 0.02, force: Force = False,
 ) -> None:
     """Write Markdown tables and plots from results (probe: summary.md + plots; OPD: curves + verdicts)."""
-    console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol))
+    console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, force=force))
 
 
 for _name, _fn in (("check", cli_check.check), ("thresholds", cli_check.thresholds),

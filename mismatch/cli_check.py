@@ -10,6 +10,7 @@ import typer
 
 from mismatch import admission as admission_lib, console
 from mismatch.cli_common import AccTol, KlTol, err, out
+from mismatch.files import check_writable
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 
@@ -54,6 +55,7 @@ def thresholds(
     acc_tol: AccTol = 0.02,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
+    check_writable(out_path, "--out", folder=False)  # before the fit, not after it
     fitted = admission_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
     out.print(console.thresholds_table(fitted))
     console.wrote(err, fitted.to_json(out_path))

@@ -201,7 +201,8 @@ def recipe_text(recipe: dict) -> str:
 
     return "\n".join([
         f"recipe for {recipe['spec']}: keep {len(recipe['kept'])} modules in high precision "
-        f"({100 * recipe['kept_fraction']:.1f}% of the linear weights, {recipe['bits_per_weight']:.2f} bits/weight); "
+        f"({100 * recipe['kept_fraction']:.1f}% of the linear weights"
+        + ("" if math.isnan(recipe["bits_per_weight"]) else f", {recipe['bits_per_weight']:.2f} bits/weight") + "); "
         f"verified: {recipe['verified_status']} ({recipe['verified_value']:.4g})",
         f"vLLM quantization_config ignored_layers: {json.dumps(recipe['vllm_ignored_layers'])}",
         f"llm-compressor recipe ignore: {json.dumps(recipe['llmcompressor_ignore'])}",

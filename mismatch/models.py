@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import save_model
+from transformers.utils import logging as hf_logging
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -46,6 +47,7 @@ from transformers import (
 )
 
 from mismatch.errors import InputError, ModelNotAvailableError
+from mismatch.files import read_json
 from mismatch.hashing import content_hash
 from mismatch.tokenizer import byte_tokenizer
 
@@ -296,14 +298,28 @@ def list_models() -> dict[str, str]:
 # ---------------------------------------------------------------- local checkpoints
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
+
+
 def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not (path / "config.json").is_file():
         raise ModelNotAvailableError(f"{path} is not a Hugging Face checkpoint: no config.json in it")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    if not isinstance(read_json(path / "config.json", "checkpoint config"), dict):
+        raise InputError(f"{path / 'config.json'} is not a JSON object (a model config)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotAvailableError(f"cannot load the model in {path}: {str(exc).strip().splitlines()[0]}") from None
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelNotAvailableError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
+                                     "tokenizer's files beside the weights")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ModelNotAvailableError(f"{path} has no loadable tokenizer ({exc})".splitlines()[0]) from None
+        raise ModelNotAvailableError(f"{path} has no loadable tokenizer ({str(exc).strip().splitlines()[0]})") from None
+    if len(tokenizer) == 0:  # transformers builds an empty tokenizer when no tokenizer file is there
+        raise ModelNotAvailableError(f"{path} has no tokenizer (no tokenizer.json, tokenizer.model or vocabulary "
+                                     "files): copy the tokenizer's files beside the weights")
     return model, tokenizer
 
 
@@ -323,6 +339,27 @@ def _load_hub_cache(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, 
         ) from None
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Inside the block, transformers' progress bars ("Loading weights", "Writing model shards") and
+    info logs are off; after it, they are as the caller had them (the caller's settings are theirs)."""
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity(max(level, hf_logging.ERROR))
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def quiet_transformers() -> None:
+    """Turn transformers' progress bars and info logs off for this process (the CLI's own)."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) -> LM:
     """Load a causal LM and its tokenizer from local files only.
 
@@ -338,7 +375,11 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) 
     Raises:
         ModelNotAvailableError: the spec cannot be resolved without the network.
     """
-    dtype = parse_dtype(dtype)
+    with quiet_loading():
+        return _load(spec, parse_dtype(dtype), seed)
+
+
+def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
     if not isinstance(spec, str) or not spec.strip():
         raise InputError("model spec must be a non-empty string")
     if spec in BUILTIN_MODELS:

@@ -50,7 +50,7 @@ class ProbeConfig:
     texts: tuple[str, ...] = ()
     max_prompts: int | None = None
     chat: bool = False
-    max_new_tokens: int = 0  # 0: score the prompt text itself
+    max_new_tokens: int = 0  # 0: score the given text itself; N > 0: the reference writes N tokens, scored
     min_new_tokens: int = 0
     temperature: float = 0.0
     seed: int = 0
@@ -72,8 +72,19 @@ class ProbeConfig:
             raise InputError("the per-block isolation map needs at least one perturbation spec")
         if self.each_layer and any(isinstance(parse_spec(s), EngineConfig) for s in specs):
             raise InputError("an engine runs the whole model: no per-block isolation map of engine specs")
+        if self.each_layer and self.layers != "linear":
+            raise InputError(f"the isolation map perturbs each whole block in turn: it does not combine with layers "
+                             f"{self.layers!r} (for one block's part, give a regex such as 'layers\\.3\\.self_attn')")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise InputError(f"max_prompts must be ≥ 1, got {self.max_prompts}")
+        if self.max_new_tokens < 0 or self.min_new_tokens < 0:
+            raise InputError(f"max_new_tokens and min_new_tokens must be ≥ 0 (0: score the given text), got "
+                             f"{self.max_new_tokens} and {self.min_new_tokens}")
+        if self.max_new_tokens and self.min_new_tokens > self.max_new_tokens:
+            raise InputError(f"min_new_tokens {self.min_new_tokens} exceeds max_new_tokens {self.max_new_tokens}")
+        if not self.temperature >= 0 or not self.clip > 1 or self.chunk_tokens < 1:
+            raise InputError(f"need temperature ≥ 0, clip > 1 and chunk_tokens ≥ 1, got {self.temperature}, "
+                             f"{self.clip} and {self.chunk_tokens}")
         parse_dtype(self.ref_dtype), parse_dtype(self.cand_dtype)
         object.__setattr__(self, "perturb", tuple(dict.fromkeys(specs)))  # canonical, each once
 

@@ -42,6 +42,7 @@ import torch
 import transformers
 
 from mismatch.errors import InputError
+from mismatch.files import check_writable
 from mismatch.hashing import content_hash
 from mismatch.version import __version__
 
@@ -147,6 +148,7 @@ class ResultsWriter:
             raise InputError(f"{self.path} is a directory, not a results file")
         if not self.is_file and self.path.is_file():
             raise InputError(f"{self.path} is a file, not a results directory")
+        check_writable(self.path, "results", folder=not self.is_file)  # before any run, not after it
         self._overwrite = overwrite
         self._earlier: list[Path] = []  # with overwrite: the directory's parts before this writer
         self._mine: list[pd.DataFrame] = []  # with overwrite, a file: the rows this writer wrote
@@ -234,10 +236,22 @@ _STRING_COLUMNS = ("kind", "run_id", "level", "layer", "metric", "git_sha", "pro
                    "rollout", "timestamp")  # never parsed as numbers from CSV (hex ids, block indices)
 
 
+def _schema(path: Path) -> pa.Schema:
+    """A parquet part's schema; a corrupt or truncated file is a one-line error naming it."""
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path} is not a readable parquet file ({str(exc).splitlines()[0]}); "
+                         "move it out of the results directory") from None
+
+
 def _read_file(path: Path) -> pd.DataFrame:
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    return pd.read_csv(path, dtype={c: "string" for c in _STRING_COLUMNS}, keep_default_na=True)
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path, dtype={c: "string" for c in _STRING_COLUMNS}, keep_default_na=True)
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(f"{path} is not a readable results file ({str(exc).splitlines()[0]})") from None
 
 
 def _writer_of(part: Path) -> str | None:
@@ -253,7 +267,7 @@ def _read_parts(directory: Path) -> pd.DataFrame:
     files = sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
     if not files:
         raise InputError(f"results directory {directory} holds no parquet parts")
-    schemas = {p: pq.read_schema(p) for p in files}
+    schemas = {p: _schema(p) for p in files}
     parts = [p for p in files if "kind" in schemas[p].names]
     frames = [_legacy(_read_file(p)) for p in files if p not in parts]
     if parts:
@@ -285,6 +299,12 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if path.suffix not in FILE_SUFFIXES:
         raise InputError(f"a results file must end in .parquet or .csv, got {path.name}")
     frame = _read_file(path)
+    missing = [c for c in ("metric", "value") if c not in frame.columns]
+    if missing:
+        looks = (" (it looks like the per-token table `score-rollouts --out` writes)"
+                 if {"seq", "pos", "logp_ref", "logp_cand"} <= set(frame.columns) else "")
+        raise InputError(f"{path} is not a results table: no {' or '.join(missing)} column{looks}; results are "
+                         "what probe, opd and sweep write with --out")
     return newest_rows(_normalise(frame)) if "kind" in frame.columns else _legacy(frame)
 
 

@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mismatch.decode import packed_linears
 from mismatch.errors import InputError
+from mismatch.files import read_text
 from mismatch.layout import Head, head_inputs, logprob_chunks
 from mismatch.models import LM
 from mismatch.positions import response_index, scorable
@@ -38,10 +39,7 @@ class Batch:
 
 def read_prompts(path: str | Path) -> list[str]:
     """One prompt per non-blank line of a UTF-8 text file (`\\n` inside a line stays literal)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"prompts file not found: {path}")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [line.strip() for line in read_text(path, "prompts file").splitlines() if line.strip()]
     if not prompts:
         raise InputError(f"prompts file {path} has no non-blank line")
     return prompts

@@ -1,5 +1,7 @@
 """The `mismatch` CLI: probe output, result files, one-line errors that keep results."""
 
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -52,6 +54,9 @@ def test_generated_responses_are_scored(tmp_path):
     (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--cand-dtype", "fp7"], "unknown dtype"),
     (["probe", "tiny-llama", "tiny-llama", "--prompts", "/nonexistent.txt"], "not found"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "x" * 200], "longer than"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--max-new-tokens", "-3"], "must be ≥ 0 (0: score the given text)"),
+    (["probe", "tiny-llama", "--perturb", "int8:channel", "--each-layer", "--layers", "attn", "--text", "a"],
+     "does not combine with layers 'attn'"),
 ])
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
 def test_bad_input_is_one_line_and_keeps_results(tmp_path, args, message, overwrite):
@@ -169,3 +174,84 @@ def test_each_layer_writes_one_run_per_block(tmp_path):
 def test_bad_perturb_input(args, message):
     res = runner.invoke(app, ["probe", "tiny-llama", *args, "--text", "a b c"])
     assert res.exit_code == 2 and message in res.output and res.output.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    """Files a new user hands the CLI, each wrong in one way: {name: path}."""
+    import mismatch
+    from mismatch.engines import EngineRollout, score_rollouts, write_rollouts
+
+    root = tmp_path_factory.mktemp("bad")
+    (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    lm = mismatch.load("tiny-llama")
+    for name in ("badjson", "notok"):
+        lm.model.save_pretrained(root / name)
+    (root / "badjson" / "config.json").write_text('{"model_type": "llama",')  # cut short
+    good = root / "ds"
+    assert runner.invoke(app, ["probe", "tiny-llama", "tiny-llama", "--text", "keep", "--out", str(good)]).exit_code == 0
+    part = next(good.glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[: len(part.read_bytes()) // 2])  # a truncated part
+    ids = lm.tokenizer("hello there")["input_ids"]
+    dump = write_rollouts(root / "d.jsonl", [EngineRollout(tuple(ids[:2]), tuple(ids[2:]), (-1.0,) * (len(ids) - 2))])
+    score_rollouts(lm, dump, out=root / "per_token.parquet", check_text=False)
+    return root
+
+
+@pytest.mark.parametrize("args,message", [
+    (["probe", "tiny-llama", "tiny-llama", "--prompts", "{root}/latin1.txt"], "is not UTF-8 text (byte 3 is 0xe9)"),
+    (["probe", "{root}/badjson", "tiny-llama", "--text", "hi"], "config.json is not valid JSON"),
+    (["probe", "{root}/notok", "tiny-llama", "--text", "hi"], "has no tokenizer"),
+    (["report", "{root}/ds", "--out-dir", "{root}/rep1"], "is not a readable parquet file"),
+    (["report", "{root}/per_token.parquet", "--out-dir", "{root}/rep2"], "per-token table `score-rollouts --out` writes"),
+    (["report", "{root}/ds", "--out-dir", "{root}/latin1.txt"], "is a file, not a folder"),
+])
+def test_every_file_problem_is_one_line(bad_files, args, message):
+    res = runner.invoke(app, [a.format(root=bad_files) for a in args])
+    assert res.exit_code == 2, res.output
+    assert res.output.count("\n") == 1 and res.output.startswith("error:") and message in res.output, res.output
+
+
+def _main(monkeypatch, capsys, *argv):
+    """The console script `mismatch ARGV…` in this process: (exit code, stderr)."""
+    from mismatch.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["mismatch", *argv])
+    with pytest.raises(SystemExit) as done:
+        main()
+    return done.value.code, capsys.readouterr().err
+
+
+def test_a_usage_error_is_the_same_one_error_line(monkeypatch, capsys):
+    code, err = _main(monkeypatch, capsys, "probe", "tiny-llama", "--max-new-tokens", "abc")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: Invalid value for '--max-new-tokens':") and "valid integer" in err
+    assert err.rstrip().endswith("(see `mismatch probe --help`)")
+    code, err = _main(monkeypatch, capsys, "probe", "tiny-llama", "--no-such-option")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: No such option: --no-such-option")
+    assert _main(monkeypatch, capsys, "models")[0] == 0
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_an_interrupt_says_in_one_line_what_was_kept(tmp_path, monkeypatch, overwrite):
+    """Ctrl-C (KeyboardInterrupt, what SIGINT raises) after the first new candidate was written:
+    exit 130, one line naming what the destination keeps; with --overwrite the earlier runs are all
+    still there."""
+    from mismatch.results import ResultsWriter
+
+    out = tmp_path / "ds"
+    assert runner.invoke(app, ["probe", "tiny-qwen3", "tiny-qwen3", "--text", "keep me", "--out", str(out)]).exit_code == 0
+    before = read_results(out)
+    finish = ResultsWriter.finish
+
+    def finish_then_interrupt(self, kind, rid):
+        finish(self, kind, rid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ResultsWriter, "finish", finish_then_interrupt)
+    res = runner.invoke(app, ["probe", "tiny-llama", "--perturb", "noise:0.1", "--perturb", "int4:group32",
+                              "--text", "hello there", "--out", str(out), *overwrite])
+    assert res.exit_code == 130 and res.output.count("\n") == 1 and res.output.startswith(f"interrupted: {out} keeps")
+    assert ("--overwrite removed nothing" in res.output) == bool(overwrite)
+    after = summaries(read_results(out))
+    assert set(before["run_id"]) < set(after["run_id"]) and set(after["perturb"].dropna()) == {"none", "noise:0.1"}

@@ -141,3 +141,12 @@ def test_vocab_fingerprint_is_remembered_until_the_vocabulary_grows():
     assert first == direct(tok) == vocab_fingerprint(tok) == vocab_fingerprint(byte_tokenizer())
     tok.add_tokens(["<extra>"])
     assert vocab_fingerprint(tok) == direct(tok) != first
+
+
+def test_the_public_loader_takes_what_the_cli_takes():
+    """`mismatch.load("PAIR:student")` works as the CLI's specs do (one loader for both)."""
+    lm = mismatch.load("sort-gpt2:student")
+    pair = mismatch.load_pair("sort-gpt2")
+    assert lm.name == "sort-gpt2:student"
+    assert all(torch.equal(a, b) for a, b in zip(lm.model.state_dict().values(), pair.student.model.state_dict().values()))
+    assert mismatch.load("tiny-llama").name == "tiny-llama"

@@ -196,3 +196,15 @@ def test_a_summary_metric_under_its_earlier_name_reads_under_the_new_one(result,
     ResultsWriter(tmp_path / "old.parquet").write(old)
     back = summaries(read_results(tmp_path / "old.parquet")).iloc[0]
     assert "ppl_ratio" not in back and back["ppl_cand_over_ref"] == result.summary["ppl_cand_over_ref"]
+
+
+def test_a_writer_appends_by_default_and_finishing_a_run_it_never_wrote_removes_nothing(result, tmp_path):
+    dest = tmp_path / "ds"
+    with ResultsWriter(dest) as w:
+        w.write(_probe(result, seed=0))
+    other = _probe(result, seed=1)
+    with ResultsWriter(dest) as w:
+        w.write(other)
+        w.finish("probe", _probe(result, seed=0)["run_id"].iloc[0])  # not this writer's run: its parts stay
+        w.finish("probe", other["run_id"].iloc[0])
+    assert read_results(dest)["seed"].nunique() == 2 and len(list(dest.glob("*.parquet"))) == 2

@@ -345,7 +345,8 @@ def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts
     admission.recipe = found.to_dict()
     admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
                            f"linear weights) in high precision → {found.verified_status} "
-                           f"({gates[0].metric} {found.verified_value:.4g}), {found.bits_per_weight:.2f} bits/weight")
+                           f"({gates[0].metric} {found.verified_value:.4g})"
+                           + ("" if math.isnan(found.bits_per_weight) else f", {found.bits_per_weight:.2f} bits/weight"))
     return found.kept
 
 

@@ -62,7 +62,8 @@ class Thresholds:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1, default=_jsonable) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(_strict(asdict(self)), indent=1, default=_jsonable, allow_nan=False) + "\n",
+                       encoding="utf-8")
         tmp.replace(path)
         return path
 
@@ -72,13 +73,37 @@ class Thresholds:
         if not path.is_file():
             raise InputError(f"thresholds file not found: {path}")
         try:
-            table = cls(**json.loads(path.read_text(encoding="utf-8")))
+            table = cls(**_unstrict(json.loads(path.read_text(encoding="utf-8"))))
         except (json.JSONDecodeError, TypeError) as exc:
             raise InputError(f"{path} is not a thresholds file ({exc})") from None
         if table.primary not in table.limits:
             raise InputError(f"{path}: its primary statistic {table.primary!r} has no limit (limits: "
                              f"{', '.join(table.limits) or 'none'})")
         return table
+
+
+class NotEnoughDataError(InputError):
+    """A study whose judged levels cannot place a limit (all on one side of any limit)."""
+
+
+def _strict(value):
+    """`value` with every NaN float as None: strict JSON (a bracket's missing side is null)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, (float, np.floating)) and math.isnan(value):
+        return None
+    return value
+
+
+def _unstrict(value):
+    """`_strict` undone: null back to NaN (the file's only nulls are missing numbers)."""
+    if isinstance(value, dict):
+        return {k: _unstrict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unstrict(v) for v in value]
+    return math.nan if value is None else value
 
 
 def _jsonable(value):
@@ -210,6 +235,11 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: floa
     runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
     levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
     points = labelled_points(rows, runs, levels, kl_tol=kl_tol, acc_tol=acc_tol)
+    labels = points["tolerated"].astype(bool)
+    if labels.all() or not labels.any():
+        raise NotEnoughDataError(f"not enough data to fit a limit: all {len(points)} judged levels are "
+                                 f"{'tolerated' if labels.all() else 'not tolerated'}, and a limit needs levels "
+                                 "on both sides of it (add levels that break, e.g. a weight-noise ladder)")
     stats = [s for s in STATISTICS if s in points and points[s].notna().any()]
     if PRIMARY not in stats:
         raise InputError("these results hold no first-step mismatch statistics (OPD runs record them per step)")

@@ -22,6 +22,7 @@ import torch
 
 from mismatch.engines.dumps import EngineRollout, RolloutDump, read_rollouts
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
+from mismatch.files import check_writable
 from mismatch.layout import Head, head_inputs, logprob_chunks
 from mismatch.metrics import ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
 from mismatch.models import LM, context_length
@@ -226,6 +227,8 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
         raise InputError(f"clip must be > 1, got {clip}")
     if out is not None and Path(out).suffix not in (".parquet", ".csv"):
         raise InputError(f"the per-token table's file must end in .parquet or .csv, got {out}")
+    if out is not None:
+        check_writable(out, "per-token table", folder=False)
     lm = model if isinstance(model, LM) else load_member(model)
     dump = rollouts if isinstance(rollouts, RolloutDump) else read_rollouts(rollouts, lm.tokenizer)
     check_dump(dump, lm, check_text=check_text)

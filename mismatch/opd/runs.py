@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.errors import InputError
+from mismatch.files import check_writable
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.recipe import train
 from mismatch.opd.verdict import run_label
@@ -86,7 +87,9 @@ def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, over
         All runs' rows; each run's rows are on disk (when `out` is given) as soon as they are
         flushed, so a run that fails keeps every step it finished.
     """
-    writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
+    writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None  # checks `out` is writable
+    if save_to is not None:
+        check_writable(save_to, "--save", folder=True)
     stamp = provenance()
     with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
         frames = [_run_one(configs, index, writer, stamp, save_to, progress) for index in range(len(configs))]

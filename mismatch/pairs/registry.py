@@ -44,7 +44,7 @@ from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
 from mismatch.tokenizer import vocab_fingerprint
-from mismatch.tomlfile import read_toml
+from mismatch.files import read_toml
 
 Message = tuple[str, str]  # (role, content) of a chat turn
 
@@ -399,7 +399,21 @@ def member_spec(spec: str) -> str:
 
 
 def load_member(spec: str, **kwargs) -> LM:
-    """`mismatch.load`, also of a pair's model (`PAIR:student`, `PAIR:teacher`), named by `spec`."""
+    """Load a model from local files only: `mismatch.load`, which takes everything the CLI takes.
+
+    Args:
+        spec: a built-in name (`mismatch.list_models()`), a pair's model (`PAIR:student`,
+            `PAIR:teacher`, `mismatch.list_pairs()`), a local checkpoint directory, or a hub id in the
+            local Hugging Face cache.
+        kwargs: `dtype` (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`), `seed` (of the tiny
+            random-init models), as `mismatch.models.load` takes them.
+
+    Returns:
+        `LM(model, tokenizer, name=spec)` in eval mode on the CPU.
+
+    Raises:
+        ModelNotAvailableError, InputError: the spec cannot be resolved without the network.
+    """
     lm = load(member_spec(spec), **kwargs)
     return LM(lm.model, lm.tokenizer, spec)
 

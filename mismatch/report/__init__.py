@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from mismatch.files import check_writable
 from mismatch.report.admission import write_admission_report
 from mismatch.report.engines import write_engines_report
 from mismatch.report.frontier import write_frontier_report
+from mismatch.report.manifest import claim, normalised, record
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
@@ -47,10 +49,18 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
     return written
 
 
-def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02
-           ) -> list[Path]:
-    """`mismatch report`: read results (directories or files, old ones too) and write the reports."""
-    return write_reports(read_many(paths), out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=[str(p) for p in paths])
+def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+           force: bool = False) -> list[Path]:
+    """`mismatch report`: read results (directories or files, old ones too) and write the reports into
+    `out_dir`, which records what they were written from (`report.manifest`): a folder holding
+    another dataset's report is refused unless `force`. Returns the files written, `report.json` last."""
+    out_dir, sources = Path(out_dir), normalised(paths)
+    check_writable(out_dir, "--out-dir", folder=True)  # before any reading
+    rows = read_many(paths)
+    run_ids = set(rows["run_id"].dropna().astype(str))
+    old = claim(out_dir, sources, run_ids, force=force)
+    written = write_reports(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=sources)
+    return [*written, record(out_dir, sources, run_ids, written, old)]
 
 
 __all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

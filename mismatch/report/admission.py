@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.admission.thresholds import Thresholds, thresholds_from_rows
+from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
 from mismatch.report.common import plus_minus
 
@@ -63,11 +63,14 @@ def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: 
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
     judged OPD levels of static sources with first-step statistics; nothing otherwise. `runs`: the
     OPD rows' `run_table` when the caller has it already."""
+    out_dir = Path(out_dir)
     try:
         t = thresholds_from_rows(rows, sources=sources, kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
+    except NotEnoughDataError as exc:  # judged levels, but all on one side: say so, fit nothing
+        (out_dir / "admission.md").write_text(f"# Admission check\n\nNo limit fitted: {exc}.\n", encoding="utf-8")
+        return [out_dir / "admission.md"]
     except InputError:
         return []
-    out_dir = Path(out_dir)
     written = [out_dir / "admission.md", out_dir / "admission_points.csv", out_dir / "admission_validation.csv"]
     written[0].write_text(admission_markdown(t), encoding="utf-8")
     pd.DataFrame(t.points).to_csv(written[1], index=False)

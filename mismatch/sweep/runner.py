@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch.errors import InputError
+from mismatch.files import check_writable
 from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study
@@ -55,6 +56,7 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         raise InputError(f"a sweep writes into a results directory (with its ledger), not a file: {out}")
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be ≥ 1, got {workers}")
+    check_writable(out, "results", folder=True)
     threads = study.threads
     todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume,
                                   retry_failed=retry_failed, threads=threads)

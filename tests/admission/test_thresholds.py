@@ -114,3 +114,21 @@ def test_validate_on_points_counts_by_hand():
     assert (rows["a"]["admit_tolerated"], rows["a"]["reject_not"]) == (1, 1)
     assert rows["b"]["limit"] == pytest.approx(math.sqrt(0.1 * 1.0))
     assert (rows["b"]["admit_tolerated"], rows["b"]["reject_not"], rows["b"]["admit_not"]) == (1, 1, 0)
+
+
+def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
+    """Every judged level tolerated: no limit can be placed (before: a 'limit' at the largest value and
+    NaN brackets in a file that was not strict JSON); the report says so instead of fitted tables."""
+    import json
+
+    from mismatch.admission.thresholds import NotEnoughDataError
+    from mismatch.report.admission import write_admission_report
+
+    kept = study[~study["rollout"].isin(["noise:1.0", "noise:3.0", "int4:group128"]) | (study["pair"] != study["pair"])]
+    kept = kept[~((kept["pair"] == "copy-x") & (kept["rollout"] == "int4:group128"))]
+    with pytest.raises(NotEnoughDataError, match="not enough data to fit a limit: all 3 judged levels are tolerated"):
+        thresholds_from_rows(kept, sources=["hand-made"])
+    assert [p.name for p in write_admission_report(kept, tmp_path, sources=["hand-made"])] == ["admission.md"]
+    assert "No limit fitted: not enough data" in (tmp_path / "admission.md").read_text()
+    t = thresholds_from_rows(study, sources=["hand-made"])  # a full fit writes strict JSON (null, never NaN)
+    json.loads(t.to_json(tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))

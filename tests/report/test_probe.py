@@ -89,8 +89,8 @@ def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
 
 def test_report_of_a_dataset_writes_every_probe_file(dataset, tmp_path):
     written = report([dataset], tmp_path)
-    assert [p.name for p in written] == ["summary.md", "per_layer.png", "kl_cdf.png", "layer_map.png"]
-    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:])
+    assert [p.name for p in written] == ["summary.md", "per_layer.png", "kl_cdf.png", "layer_map.png", "report.json"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:-1])
 
 
 def test_a_dataset_holding_only_an_isolation_map(tmp_path):
@@ -99,7 +99,7 @@ def test_a_dataset_holding_only_an_isolation_map(tmp_path):
     run_probes(ProbeConfig(reference="tiny-gpt2", perturb=("int4:group128",), texts=TEXTS, each_layer=True,
                            per_layer=False), out=tmp_path / "map")
     written = report([tmp_path / "map"], tmp_path / "rep")
-    assert [p.name for p in written] == ["summary.md", "layer_map.png"]
+    assert [p.name for p in written] == ["summary.md", "layer_map.png", "report.json"]
     runs = summaries(read_results(tmp_path / "map")).set_index("layers")
     kl, _ = isolation_map(runs.reset_index())
     assert kl["int4:group128"].tolist() == runs.loc[["0", "1"], "kl_fwd_mean"].tolist()
@@ -111,7 +111,7 @@ def test_several_references_get_their_own_sections_and_figures(tmp_path):
         run_probes(ProbeConfig(reference=model, perturb=("int4:group128",), texts=TEXTS), out=tmp_path / "two")
     written = report([tmp_path / "two"], tmp_path / "rep")
     assert [p.name for p in written] == ["summary.md", "per_layer_tiny-gpt2.png", "kl_cdf_tiny-gpt2.png",
-                                         "per_layer_tiny-llama.png", "kl_cdf_tiny-llama.png"]
+                                         "per_layer_tiny-llama.png", "kl_cdf_tiny-llama.png", "report.json"]
     md = (tmp_path / "rep" / "summary.md").read_text()
     sections = md.split("## Per-layer SQNR (dB) of the hidden states — ")[1:]
     assert [s.splitlines()[0] for s in sections] == ["tiny-gpt2", "tiny-llama"]

@@ -134,7 +134,8 @@ def _tables(out, folder):
 
     write_reports(read_results(out), folder)
     tables = {p.name: pd.read_csv(p) for p in sorted(folder.glob("*.csv"))}
-    assert {"tolerance_levels.csv", "admission_points.csv", "cost_frontier.csv"} <= set(tables), sorted(tables)
+    assert {"tolerance_levels.csv", "cost_frontier.csv"} <= set(tables), sorted(tables)
+    tables |= {p.name: pd.DataFrame({"text": [p.read_text()]}) for p in folder.glob("admission*.md")}
     return {name: t.drop(columns=[c for c in MEASURED if c in t]).to_csv(index=False) for name, t in tables.items()}
 
 

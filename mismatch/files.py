@@ -1,0 +1,77 @@
+"""Reading the files a user hands the toolkit (prompt lists, study and pair files, thresholds), each
+problem one line naming the file: missing, a directory, unreadable, not UTF-8, not valid TOML/JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+
+from mismatch.errors import InputError
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of the file `path`, described as `what` ("prompts file", "study file") in errors.
+
+    Raises:
+        InputError: the file is missing, is a directory, cannot be read, or is not UTF-8 text.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{what} {path} is a directory, not a file")
+    if not path.is_file():
+        raise InputError(f"{what} not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """The parsed TOML file `path` (`read_text`'s errors, and the parser's message when it is not TOML)."""
+    text = read_text(path, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path} is not valid TOML: {exc}") from None
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """The parsed JSON file `path` (`read_text`'s errors, and where the JSON breaks)."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def check_writable(path: str | Path, what: str, *, folder: bool) -> None:
+    """Fail now, before any work, when `path` (a `folder`, or a file) could not be written later: a
+    part of it is a file, or its nearest existing folder does not take a new file (read-only, /proc).
+    Creates nothing.
+
+    Raises:
+        InputError: one line naming `what` and the reason.
+    """
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{what} {path} is a file, not a folder")
+    if not folder and path.is_dir():
+        raise InputError(f"{what} {path} is a folder, not a file")
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"cannot write {what} {path}: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write {what} {path}: {existing} does not take new files "
+                         f"({exc.strerror or exc})") from None
+    if not folder and path.is_file() and not os.access(path, os.W_OK):
+        raise InputError(f"cannot write {what} {path}: the file is read-only")
