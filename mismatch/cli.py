@@ -26,6 +26,7 @@ from mismatch.models import list_models
 from mismatch.probe_runs import ProbeConfig, run_probes
 from mismatch.report import report as write_report
 from mismatch.sweep.estimate import estimates
+from mismatch.tolerance import run_verdicts
 
 app = typer.Typer(help="Measure training–inference mismatch of LMs for on-policy distillation.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -130,7 +131,7 @@ def opd(
         progress = lambda _i, lab, k, n, m: bars.update(f"opd {lab}", k, n, f"loss {m['loss']:.3g}")  # noqa: E731
         rows = opd_lib.run_all(configs, out=out_path, overwrite=overwrite, save_to=save, progress=progress)
     title = f"OPD on {base.pair}, {base.loss}, {base.steps} steps, seed {seed}"
-    out.print(console.verdict_table(opd_lib.verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol), title=title,
+    out.print(console.verdict_table(run_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), title=title,
                                     kl_tol=kl_tol, acc_tol=acc_tol, baseline=baseline))
     console.wrote(err, out_path, save)
 

@@ -85,8 +85,8 @@ def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
 
 
 def verdict_table(table: pd.DataFrame, *, title: str, kl_tol: float, acc_tol: float, baseline: bool) -> Table:
-    """`mismatch.opd.verdict_table` as printed by `mismatch opd`: every run, with its verdict when
-    it has a clean baseline."""
+    """`mismatch.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
+    level's over the seeds given: one seed is `uncertain`) when it has a clean baseline."""
     columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
     if baseline:
         columns += [f"KL ratio (≤ {1 + kl_tol:.2f})", f"accuracy Δ (≥ {-100 * acc_tol:.0f} pts)", "verdict"]
@@ -94,10 +94,9 @@ def verdict_table(table: pd.DataFrame, *, title: str, kl_tol: float, acc_tol: fl
     for row in table.itertuples():
         cells = [escape(row.rollout), f"{row.heldout_rkl:.4g}", f"{row.heldout_accuracy:.1%}"]
         if baseline and row.clean:
-            cells += ["1", "0", "baseline"]
+            cells += ["1", "0", escape(row.status)]
         elif baseline:
-            verdict = "no baseline" if row.tolerated is None else ("TOLERATED" if row.tolerated else "NOT tolerated")
-            cells += [f"{row.kl_ratio:.3f}", f"{100 * row.acc_delta:+.1f}", verdict]
+            cells += [f"{row.kl_ratio:.3f}", f"{100 * row.acc_delta:+.1f}", escape(row.status)]
         out.add_row(*cells)
     return out
 

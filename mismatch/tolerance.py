@@ -147,6 +147,31 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
     return frame.drop(columns="order").reset_index(drop=True)
 
 
+def run_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+    """`run_table` with each run's verdict as the one rule gives it — its level's, pooled over every seed
+    of the level in `rows` (so one seed is `uncertain`, never a verdict) — in `verdict`, the level's
+    `seeds`, and `status`: the verdict, `baseline` for a clean run, `no baseline`, or `unfinished at step
+    k of N` for a run (or its clean twin) that did not reach its last step (never read as final)."""
+    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    keys = ["pair", "source", "settings", "level"]
+    by_level = {tuple(r[k] for k in keys): (r["verdict"], r["seeds"]) for r in levels.to_dict("records")}
+    found = [by_level.get(tuple(r[k] for k in keys), ("uncertain", 0)) for r in runs.to_dict("records")]
+    status = []
+    for r, (v, n) in zip(runs.to_dict("records"), found):
+        if not r["complete"]:
+            last = r["last_step"]
+            at = "before its first evaluation" if last != last else f"at step {int(last)}"  # NaN: none
+            status.append(f"unfinished {at} of {int(r['steps'])}")
+        elif r["clean"]:
+            status.append("baseline")
+        elif r["baseline"] == "":
+            status.append("no baseline")
+        else:
+            status.append(f"{v} ({n} seed{'s' if n != 1 else ''})")
+    return runs.assign(verdict=[v for v, _ in found], seeds=[n for _, n in found], status=status)
+
+
 def kept_up(levels: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.Series:
     """Per level, whether its *means* over seeds lie within the thresholds (Δ accuracy ≥ −acc_tol,
     no accuracy counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which

@@ -91,8 +91,9 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
-    runs and runs without a baseline), complete (the run, and its baseline, evaluated at their last
-    step: False while a run is still going or after it failed).
+    runs and runs without a baseline; one run's comparison — `mismatch.tolerance.run_verdicts` gives
+    the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
+    step: False while a run is still going or after it failed), last_step (its last evaluation), steps.
     """
     runs = opd_runs(rows)
     clean = {comparison_key(cfg): (cfg["run_id"], metrics) for cfg, metrics in runs if run_label(cfg) == "clean"}
@@ -112,5 +113,6 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
                       "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
                       "tolerated": v.get("tolerated"),
                       "complete": last_step(metrics) == cfg.get("steps") and (
-                          base is None or last_step(base) == cfg.get("steps"))})
+                          base is None or last_step(base) == cfg.get("steps")),
+                      "last_step": last_step(metrics), "steps": cfg.get("steps")})
     return pd.DataFrame(table)

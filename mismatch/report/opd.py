@@ -18,7 +18,7 @@ import pandas as pd
 
 from mismatch.opd.verdict import final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
-from mismatch.tolerance import run_table
+from mismatch.tolerance import run_verdicts
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
@@ -57,13 +57,15 @@ def _config_value(value: object) -> object:
 
 
 def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> list[str]:
-    table = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)  # verdict_table + source, level, settings
+    table = run_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol)  # verdict_table + source, level, verdict
     judged = table[~table["clean"] & (table["baseline"] != "")]
     settings = dict(zip(table["run_id"], table["settings"])) if table["settings"].nunique() > 1 else {}
     seeds = table["seed"].nunique() > 1
     lines = ["# OPD under rollout mismatch: tolerance verdicts", "",
              f"Tolerated: final held-out reverse KL ≤ {1 + kl_tol:.2f} × clean and final held-out accuracy "
-             f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts). `mismatch_kl`: mean over steps of "
+             f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts); the verdict is the level's, over "
+             "its seeds' 95% intervals (one seed: uncertain), and a run that did not reach its last step is "
+             "marked unfinished, never judged. `mismatch_kl`: mean over steps of "
              "KL(rollout ‖ student) on each step's rollout tokens (k1 estimate on the sampled tokens, nats).", ""]
     configs = {k: " / ".join(str(_config_value(v)) for v in rows[k].drop_duplicates()) for k in CONFIG_LINE if k in rows}
     lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
@@ -79,7 +81,7 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
     if not len(judged):
         return lines + ["No run has a clean baseline in its group: no verdicts."]
     columns = ["pair", "rollout", *(["settings"] if settings else []),
-               *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean", "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "tolerated"]
+               *(["seed"] if judged["seed"].nunique() > 1 else []), "mismatch_kl", "mismatch_logp_abs_diff_mean", "heldout_rkl", "kl_ratio", "heldout_accuracy", "acc_delta", "status"]
     shown = judged[columns].assign(
         mismatch_kl=judged["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         mismatch_logp_abs_diff_mean=judged["mismatch_logp_abs_diff_mean"].map(lambda v: f"{v:.3g}"),
@@ -87,7 +89,7 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
         kl_ratio=judged["kl_ratio"].map(lambda v: f"{v:.3f}"),
         heldout_accuracy=judged["heldout_accuracy"].map(lambda v: f"{v:.1%}"),
         acc_delta=judged["acc_delta"].map(lambda v: f"{100 * v:+.1f} pts"),
-        tolerated=judged["tolerated"].map(lambda v: "yes" if v else "**no**"))
+        status=judged["status"].map(lambda v: f"**{v}**" if v.startswith(("not", "unfinished")) else v))
     if "seed" in columns:
         shown = shown.assign(seed=judged["seed"].map(_config_value))
     return lines + [markdown_table(shown)]

@@ -124,12 +124,13 @@ def test_report_files_hold_the_verdict_numbers(rows, tmp_path):
     curves, md = write_opd_report(rows, tmp_path)
     assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     header = ("| pair | rollout | mismatch_kl | mismatch_logp_abs_diff_mean | heldout_rkl | kl_ratio | heldout_accuracy "
-              "| acc_delta | tolerated |")  # one seed among the judged runs: no seed column
+              "| acc_delta | status |")  # one seed among the judged runs: no seed column
     assert header in md.read_text().splitlines()
     lines = {line.split(" | ")[1]: line for line in md.read_text().splitlines() if line.startswith("| sort-gpt2")}
     assert set(lines) == {"int4:group128", "stale:4"}
-    assert lines["int4:group128"].endswith("| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | **no** |")
-    assert lines["stale:4"].endswith("| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | yes |")
+    # one seed is never a verdict, however far the numbers are (the tolerance table's rule)
+    assert lines["int4:group128"].endswith("| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | uncertain (1 seed) |")
+    assert lines["stale:4"].endswith("| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | uncertain (1 seed) |")
     assert "final held-out reverse KL 2.000 nats, accuracy 35.0% (step 0: 2.600 nats, 27.0%)" in md.read_text()
 
 
@@ -163,3 +164,15 @@ def test_verdicts_of_several_seeds_name_the_seed(tmp_path):
     assert [line.split(" | ")[2] for line in table[1:]] == ["0", "1"]
     assert [line.split(" | ")[6] for line in table[1:]] == [f"{2.4 / 2.0:.3f}", f"{3.4 / 2.0:.3f}"]
     assert "seed 0 / 1" in md.read_text()
+
+
+def test_a_run_that_did_not_finish_is_marked_unfinished_not_final(rows, tmp_path):
+    """An interrupted run (its last evaluation before `steps`) is never read as final: its status says
+    where it stopped, and its level gets no verdict from it."""
+    cut = rows[~((rows["rollout"] == "int4:group128") & (rows["step"] == 2))]
+    _, md = write_opd_report(cut, tmp_path)
+    line = next(l for l in md.read_text().splitlines() if l.startswith("| sort-gpt2 | int4:group128"))
+    assert line.endswith("| **unfinished at step 0 of 2** |")
+    from mismatch.tolerance import level_table, run_table
+
+    assert "int4:group128" not in set(level_table(run_table(cut))["level"])
