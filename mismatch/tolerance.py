@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.opd.config import COMPARISON_FIELDS
-from mismatch.opd.verdict import opd_runs, verdict_table
+from mismatch.opd.verdict import DIVERGED_FACTOR, opd_runs, verdict_table
 from mismatch.perturb.spec import EngineConfig, NoiseConfig, ReuseConfig, StaleConfig, parse_spec
 
 # two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
@@ -169,6 +169,8 @@ def run_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0
             status.append("no baseline")
         else:
             status.append(f"{v} ({n} seed{'s' if n != 1 else ''})")
+        if r.get("diverged"):
+            status[-1] = f"diverged (held-out KL ended > {DIVERGED_FACTOR:g}× its start); {status[-1]}"
     return runs.assign(verdict=[v for v, _ in found], seeds=[n for _, n in found], status=status)
 
 

@@ -38,6 +38,7 @@ from mismatch.models import LM
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
 from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
+from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
 from mismatch.positions import response_index
@@ -332,6 +333,9 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         metrics = opd_step(run, step)
         if step % config.eval_every == 0 or step == config.steps:
             metrics.update(evaluate(run))
+        if step == config.steps:  # marked in the run's own rows: the held-out KL ended far above its start
+            metrics["diverged"] = float(diverged([*rows, *({"step": step, "metric": k, "value": v}
+                                                           for k, v in metrics.items())]))
         emit(step, metrics)
         if not math.isfinite(metrics["loss"]):
             raise NumericsError(f"OPD loss became {metrics['loss']} at step {step} (rows up to it are written)")

@@ -15,6 +15,15 @@ import pandas as pd
 from mismatch.opd.config import comparison_key, rollout_label
 
 METRIC_COLUMNS = ("step", "metric", "value")
+DIVERGED_FACTOR = 1.5  # a run whose final held-out KL exceeds 1.5 × its step-0 value has diverged
+
+
+def diverged(rows: list[dict]) -> bool:
+    """Whether the run's last held-out reverse KL is above `DIVERGED_FACTOR` × its step-0 one (it got
+    worse than where it started, by far: the student collapsed); False without both evaluations."""
+    start = [r["value"] for r in rows if r["metric"] == "heldout_rkl" and r["step"] == 0]
+    end = final_value(rows, "heldout_rkl")
+    return bool(start) and end == end and end > DIVERGED_FACTOR * start[0]
 
 
 def final_value(rows: list[dict], metric: str, *, at_most: float = math.inf) -> float:
@@ -93,7 +102,8 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
     runs and runs without a baseline; one run's comparison — `mismatch.tolerance.run_verdicts` gives
     the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
-    step: False while a run is still going or after it failed), last_step (its last evaluation), steps.
+    step: False while a run is still going or after it failed), last_step (its last evaluation), steps,
+    diverged (`diverged`).
     """
     runs = opd_runs(rows)
     clean = {comparison_key(cfg): (cfg["run_id"], metrics) for cfg, metrics in runs if run_label(cfg) == "clean"}
@@ -114,5 +124,5 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
                       "tolerated": v.get("tolerated"),
                       "complete": last_step(metrics) == cfg.get("steps") and (
                           base is None or last_step(base) == cfg.get("steps")),
-                      "last_step": last_step(metrics), "steps": cfg.get("steps")})
+                      "last_step": last_step(metrics), "steps": cfg.get("steps"), "diverged": diverged(metrics)})
     return pd.DataFrame(table)

@@ -34,6 +34,7 @@ def test_identical_policies_give_unit_tis_weights_and_zero_mismatch():
     assert torch.equal(res.logp_student, logp_r)  # bit for bit: one code path for both policies
     assert torch.equal(tis_weights(res.logp_student, logp_r, 2.0), torch.ones_like(logp_r))
     rows = train(OPDConfig(**SHORT, tis_cap=2.0))
+    assert _by(rows, "diverged") == {SHORT["steps"]: 0.0}  # marked once, at the last step
     for metric in ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_logp_abs_diff_max",
                    "mismatch_is_ratio_outside_frac", "mismatch_chi2_token"):
         assert set(_by(rows, metric).values()) == {0.0}, metric

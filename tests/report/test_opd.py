@@ -176,3 +176,18 @@ def test_a_run_that_did_not_finish_is_marked_unfinished_not_final(rows, tmp_path
     from mismatch.tolerance import level_table, run_table
 
     assert "int4:group128" not in set(level_table(run_table(cut))["level"])
+
+
+def test_a_run_whose_heldout_kl_ends_far_above_its_start_is_marked_diverged(rows, tmp_path):
+    """The student collapsed (held-out KL 2.6 → 5.0, ×1.9 > 1.5): said in the status, wherever it is shown."""
+    from mismatch.opd.verdict import diverged
+    from mismatch.tolerance import run_verdicts
+
+    collapsed = pd.concat([rows, _run(_with(rollout="fp8-e4m3"), {0: 2.6, 2: 5.0}, {0: 0.27, 2: 0.0}, [0.1, 0.1])],
+                          ignore_index=True)
+    table = run_verdicts(collapsed).set_index("rollout")
+    assert table.loc["fp8-e4m3", "status"].startswith("diverged") and not table.loc["stale:4", "diverged"]
+    assert diverged([{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 9, "metric": "heldout_rkl", "value": 3.0}]) is False
+    assert diverged([{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 9, "metric": "heldout_rkl", "value": 3.1}]) is True
+    _, md = write_opd_report(collapsed, tmp_path)
+    assert "| **diverged" not in md.read_text() and "diverged (held-out KL ended > 1.5× its start)" in md.read_text()
