@@ -255,3 +255,21 @@ def test_an_interrupt_says_in_one_line_what_was_kept(tmp_path, monkeypatch, over
     assert ("--overwrite removed nothing" in res.output) == bool(overwrite)
     after = summaries(read_results(out))
     assert set(before["run_id"]) < set(after["run_id"]) and set(after["perturb"].dropna()) == {"none", "noise:0.1"}
+
+
+@pytest.mark.parametrize("args", [
+    ["probe", "tiny-llama", "--perturb", "engine:llama.cpp,f32", "--text", "hi", "--max-new-tokens", "4"],
+    ["opd", "--pair", "sort-gpt2", "--rollout", "engine:llama.cpp,f32", "--baseline", "--steps", "2"],
+])
+def test_a_missing_engine_is_found_before_any_model_runs(monkeypatch, tmp_path, args):
+    """Without llama.cpp installed (its module not found), probe and opd stop at once with one line —
+    not after generating the responses or training the clean baseline."""
+    import importlib.util
+
+    from mismatch.results import ResultsWriter
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    monkeypatch.setattr(ResultsWriter, "write", lambda *a: pytest.fail("a run was written"))
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "ds")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "llama.cpp is not installed" in res.output

@@ -28,6 +28,7 @@ from mismatch.engines.gguf_export import write_gguf
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.models import LM, cache_dir, context_length, smollm2_gguf_path
 from mismatch.pairs.registry import member_spec
+from mismatch.perturb.external import LLAMA_CPP_MISSING
 from mismatch.probes import ExternalLM
 from mismatch.rollout import Batch, Rollout, pad_id, prompt_batch
 
@@ -39,8 +40,7 @@ def llama_cpp_module():
     try:
         import llama_cpp
     except ImportError:
-        raise ModelNotAvailableError("llama.cpp is not installed: `make engines` (or pip install "
-                                     "'mismatch[engines]') builds llama-cpp-python, ~10 minutes") from None
+        raise ModelNotAvailableError(LLAMA_CPP_MISSING) from None
     return llama_cpp
 
 

@@ -8,12 +8,25 @@ the rollout copy. Its handler is a clear error pointing there.
 
 from __future__ import annotations
 
+import importlib.util
+
 from torch import nn
 
-from mismatch.errors import InputError
+from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.perturb.configs import EngineConfig
 from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
 from mismatch.perturb.snapshot import Snapshot
+
+
+LLAMA_CPP_MISSING = ("llama.cpp is not installed: `make engines` (or pip install 'mismatch[engines]') builds "
+                     "llama-cpp-python, ~10 minutes")
+
+
+def require_engine(config: EngineConfig) -> None:
+    """Fail now, before any model runs, when the engine `config` names is not installed (looked up,
+    not imported). Raises `ModelNotAvailableError`."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ModelNotAvailableError(f"{config}: {LLAMA_CPP_MISSING}")
 
 
 def _refuse(config: EngineConfig, model: nn.Module, names: list[str], snap: Snapshot, ctx: ApplyContext) -> None:

@@ -184,14 +184,20 @@ def block_figure(students: pd.DataFrame):
     return fig
 
 
-def static_dynamic_figure(students: pd.DataFrame, levels: pd.DataFrame):
-    """Each format's static probe kl_fwd_mean on a pair's student (all linears) vs its dynamic Δ accuracy."""
+def static_dynamic_points(students: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
+    """The format levels that have a static probe of the same format on the pair's student (all linears):
+    the level rows with that probe's `kl_fwd_mean` beside them (empty when none pairs up)."""
     whole = students[~students["layers"].map(is_isolation)]
     whole = whole.assign(first=whole["layers"] != "linear").sort_values("first", kind="stable").drop_duplicates(
         ["pair", "perturb"])  # one static point per format: its `linear` scope where it ran several
     formats = levels[levels["source"].isin(CATEGORICAL_SOURCES)]
-    joined = formats.merge(whole[["pair", "perturb", "kl_fwd_mean"]], left_on=["pair", "level"],
-                           right_on=["pair", "perturb"])
+    return formats.merge(whole[["pair", "perturb", "kl_fwd_mean"]], left_on=["pair", "level"],
+                         right_on=["pair", "perturb"])
+
+
+def static_dynamic_figure(joined: pd.DataFrame):
+    """Each format's static probe kl_fwd_mean on a pair's student vs its dynamic Δ accuracy
+    (`static_dynamic_points`)."""
     fig, ax = subplots(1, figsize=(7, 5))
     for i, (pair, part) in enumerate(joined.groupby("pair")):
         ax.errorbar(part["kl_fwd_mean"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
@@ -251,6 +257,11 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float
     students = _student_probes(rows)
     if len(students) and students["layers"].map(is_isolation).any():
         written.append(save_figure(block_figure(students), out_dir / "block_sensitivity.png"))
-    if len(students) and levels["source"].isin(CATEGORICAL_SOURCES).any():
-        written.append(save_figure(static_dynamic_figure(students, levels), out_dir / "static_vs_dynamic.png"))
+    joined = static_dynamic_points(students, levels) if len(students) else pd.DataFrame()
+    if len(joined):
+        written.append(save_figure(static_dynamic_figure(joined), out_dir / "static_vs_dynamic.png"))
+    elif levels["source"].isin(CATEGORICAL_SOURCES).any():  # nothing to plot: said in the report, no empty figure
+        with written[0].open("a") as md:
+            md.write("\nNo `static_vs_dynamic.png`: no static probe of a pair's student shares a format with a "
+                     "dynamic level here (probe `PAIR:student` with the same specs to draw it).\n")
     return written

@@ -21,3 +21,24 @@ def test_a_students_own_model_spec_counts_as_that_pairs_student():
     rows = pd.concat([_probe("smollm2-135m", 0.9), _probe("sort-gpt2:student", 0.02), _probe("tiny-llama", 5.0)])
     students = _student_probes(rows).set_index("pair")["kl_fwd_mean"].to_dict()
     assert students == {"smollm2-concise": 0.9, "sort-gpt2": 0.02}  # tiny-llama is no pair's student
+
+
+def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynamic_level(tmp_path):
+    """OPD levels of fp8 on sort-gpt2 and a student probe of int4 only: nothing pairs up, so no empty
+    figure (nor matplotlib's warning about it) is written, and tolerance.md says why."""
+    import dataclasses
+    import warnings
+
+    from mismatch.report.sweep import write_sweep_report
+    from tests.test_tolerance import BASE, _run
+
+    frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40, 1.0) for s in range(2) for r in ("none", "fp8-e4m3")]
+    rows = pd.concat([*frames, _probe("sort-gpt2:student", 0.02)], ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = [p.name for p in write_sweep_report(rows, tmp_path)]
+    assert "static_vs_dynamic.png" not in written and not (tmp_path / "static_vs_dynamic.png").exists()
+    assert "No `static_vs_dynamic.png`" in (tmp_path / "tolerance.md").read_text()
+    with_probe = pd.concat([rows, _probe("sort-gpt2:student", 0.01).assign(perturb="fp8-e4m3:channel",
+                                                                          run_id="f" * 16)], ignore_index=True)
+    assert "static_vs_dynamic.png" in [p.name for p in write_sweep_report(with_probe, tmp_path / "b")]
