@@ -6,6 +6,7 @@ Kept apart from `cli.py` so that the CLI reads as options → one library call �
 from __future__ import annotations
 
 import math
+import time
 
 import pandas as pd
 from rich.console import Console
@@ -18,6 +19,7 @@ from mismatch.pairs.build import parameter_count
 from mismatch.probe_runs import CandidateResult, ProbeConfig
 from mismatch.sweep import Study, SweepReport, task_label
 
+PLAIN_EVERY_S = 30.0  # off a terminal, a progress line at most this often per bar (plus its start and end)
 SUMMARY_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "kl_fwd_max", "tv_mean", "top1_agree", "logp_abs_diff_mean",
                    "is_ratio_outside_frac", "chi2_token")
 
@@ -29,20 +31,34 @@ def progress_bar(console: Console) -> Progress:
 
 
 class Bars:
-    """Transient progress bars on `console`, one per description, created on first update."""
+    """Transient progress bars on `console`, one per description, created on first update. Off a
+    terminal (a log, CI, `nohup`) bars draw nothing, so plain lines go there instead: one when a
+    bar starts, when it ends, and at most every `every` seconds between."""
 
-    def __init__(self, console: Console) -> None:
-        self.progress, self.tasks = progress_bar(console), {}
+    def __init__(self, console: Console, every: float = PLAIN_EVERY_S) -> None:
+        self.console, self.every = console, every
+        self.plain = not console.is_terminal
+        self.progress, self.tasks, self.said = progress_bar(console), {}, {}
 
     def __enter__(self) -> Bars:
-        self.progress.__enter__()
+        if not self.plain:
+            self.progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
+        if not self.plain:
+            self.progress.__exit__(*exc)
 
     def update(self, description: str, completed: int, total: int, info: str = "") -> None:
         """Set the bar `description` to `completed` of `total`, with a free `info` text."""
+        if self.plain:
+            now, last = time.monotonic(), self.said.get(description)
+            if last is None or completed >= total or now - last >= self.every:
+                self.said[description] = now
+                stamp = time.strftime("%H:%M:%S")
+                self.console.print(f"{stamp} {description}: {completed}/{total} {info}".rstrip(), markup=False,
+                                   highlight=False, soft_wrap=True)
+            return
         if description not in self.tasks:
             self.tasks[description] = self.progress.add_task(escape(description), total=total, info="")
         self.progress.update(self.tasks[description], completed=completed, total=total, info=escape(info))
@@ -164,9 +180,12 @@ def admission_table(admission) -> Table:
     title = (f"{admission.model} with rollouts {source}: "
              f"{admission.status.upper()} ({cal['sequences']} sampled responses, {cal['tokens']} tokens)")
     table = Table("gate", "value", "95% interval", "limit", "status", "limit from", title=escape(title))
+    def num(x: float) -> str:
+        return "—" if math.isnan(x) else f"{x:.4g}"
+
     for d in admission.decisions:
-        table.add_row(escape(d.metric), f"{d.value:.4g}", f"[{d.low:.4g}, {d.high:.4g}]", f"{d.limit:.4g}",
-                      d.status, escape(d.source))
+        interval = "—" if math.isnan(d.low) else f"[{d.low:.4g}, {d.high:.4g}]"
+        table.add_row(escape(d.metric), num(d.value), interval, num(d.limit), d.status, escape(d.source))
     lines = list(admission.notes)
     if admission.cost is not None:
         c = admission.cost

@@ -12,3 +12,24 @@ def test_a_recipe_of_a_format_without_stored_bits_prints_no_nan():
     text = recipe_text(recipe)
     assert "nan" not in text.lower() and "bits/weight" not in text and "10.0% of the linear weights)" in text
     assert "4.00 bits/weight" in recipe_text({**recipe, "spec": "int4:group128", "bits_per_weight": 4.0})
+
+
+def test_progress_off_a_terminal_is_plain_lines():
+    """A log or CI gets lines (start, end, and at most one per `every` seconds), not invisible bars."""
+    import io
+
+    from rich.console import Console
+
+    from mismatch.console import Bars
+
+    buffer = io.StringIO()
+    with Bars(Console(file=buffer, force_terminal=False), every=3600) as bars:
+        for done in range(4):
+            bars.update("opd fp8", done, 3, f"loss {done}")
+    lines = buffer.getvalue().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["opd fp8: 0/3 loss 0", "opd fp8: 3/3 loss 3"]
+    buffer = io.StringIO()
+    with Bars(Console(file=buffer, force_terminal=False), every=0) as bars:
+        for done in range(4):
+            bars.update("sweep", done, 3)
+    assert len(buffer.getvalue().splitlines()) == 4

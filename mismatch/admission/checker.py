@@ -185,11 +185,20 @@ def decide(value: float, low: float, high: float, limit: float) -> str:
     return "admit" if high <= limit else "reject" if low > limit else "uncertain"
 
 
-def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[str, str]:
-    """The study's verdict of `source` at `level` on its default settings, as (status, note)."""
+def _carried(source: str, level: int, status: str, note: str, r: dict | None = None) -> tuple[Decision, str]:
+    """A carried-over study verdict as a decision of its own (`study/stale:K`): the level's Δ accuracy
+    (fraction) and 95% interval when the study measured it, no limit of its own; `note` says the rest."""
+    acc = math.nan if r is None or r.get("acc_delta") is None else float(r["acc_delta"])
+    half = math.nan if r is None or r.get("acc_delta_hw") is None else float(r["acc_delta_hw"])
+    return Decision(metric=f"study/{source}:{level}", value=acc, low=acc - half, high=acc + half, limit=math.nan,
+                    source="the study's verdict, carried over (Δ accuracy; notes)", status=status), note
+
+
+def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[Decision, str]:
+    """The study's verdict of `source` at `level` on its default settings, as (decision, note)."""
     rows = [r for r in thresholds.lagged if r["source"] == source]
     if not rows:
-        return "uncertain", f"{source}:{level}: the thresholds' study measured no {source} levels"
+        return _carried(source, level, "uncertain", f"{source}:{level}: the thresholds' study measured no {source} levels")
     by_settings: dict[str, list[dict]] = {}
     for r in rows:
         by_settings.setdefault(r["settings"], []).append(r)
@@ -199,7 +208,7 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[s
     match = [r for r in ladder if float(r["level"]) == float(level)]
     if not match:
         levels = ", ".join(str(r["level"]) for r in ladder)
-        return "uncertain", f"{source}:{level} was not measured by the study (levels {levels})"
+        return _carried(source, level, "uncertain", f"{source}:{level} was not measured by the study (levels {levels})")
     r = match[0]
     status = {"tolerated": "admit", "not tolerated": "reject"}.get(r["verdict"], "uncertain")
     acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
@@ -207,7 +216,7 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[s
     note = (f"{source}:{level} cannot be measured before training; carried over from the study: {r['pair']}, "
             f"{r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over {r['seeds']} "
             f"seeds → {r['verdict']}")
-    return status, note
+    return _carried(source, level, status, note, r)
 
 
 def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str | Path | list[str] | None = None,
@@ -262,9 +271,11 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
                    "sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens,
                    "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat, "seed": seed,
                    "sampled_by": f"{name} under {spec} [{layers}]"}
+    decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
-                          status=combine_status([d.status for d in decisions] + [st for st, _ in lagged]),
-                          metrics=metrics, decisions=decisions, notes=[n for _, n in lagged], calibration=calibration)
+                          status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
+                          notes=[*_small_calibration(calibration["sequences"]), *(n for _, n in lagged)],
+                          calibration=calibration)
     searched = recipe or decisions[0].status == "reject"  # the fitted (first) gate failed, or asked for
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
@@ -294,7 +305,18 @@ def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresho
     return table, _gates(thresholds, table) + list(preset_gates(tuple(presets)))
 
 
-def _lagged(table: Thresholds, staleness: int, reuse: int) -> list[tuple[str, str]]:
+MIN_SEQUENCES = 8  # below this, a bootstrap over the calibration sequences says little
+
+
+def _small_calibration(sequences: int) -> list[str]:
+    """A note when the calibration set is too small for its 95% intervals to mean much."""
+    if sequences >= MIN_SEQUENCES:
+        return []
+    return [f"only {sequences} calibration sequence{'s' if sequences != 1 else ''}: a 95% interval bootstrapped "
+            f"over so few means little (use ≥ {MIN_SEQUENCES}: --n-prompts, or a larger dump)"]
+
+
+def _lagged(table: Thresholds, staleness: int, reuse: int) -> list[tuple[Decision, str]]:
     return [_lagged_decision(table, source, level) for source, level, off in
             (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
 
@@ -310,14 +332,14 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
     lagged = _lagged(table, staleness, reuse)
-    notes = [n for _, n in lagged]
+    decisions = [*decisions, *(d for d, _ in lagged)]
+    notes = [*_small_calibration(int(scored.summary["sequences"])), *(n for _, n in lagged)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
     calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),
                    "tokens": int(scored.summary["tokens"]), "sampled_by": scored.candidate, "seed": seed}
     return Admission(model=name, rollout=f"rollouts:{rollouts}", layers="", metrics=metrics, decisions=decisions,
-                     status=combine_status([d.status for d in decisions] + [st for st, _ in lagged]),
-                     notes=notes, calibration=calibration)
+                     status=combine_status([d.status for d in decisions]), notes=notes, calibration=calibration)
 
 
 def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, staleness: int, reuse: int,

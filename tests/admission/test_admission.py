@@ -92,7 +92,11 @@ def test_staleness_carries_over_the_study_verdict(k, status):
     lm = mismatch.load("tiny-llama")
     got = check(lm, "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, LAGGED), max_new_tokens=4, staleness=k)
     assert got.status == status
-    assert len(got.notes) == (k > 0) and (k == 0 or f"stale:{k}" in got.notes[0])
+    carried_notes = [n for n in got.notes if "calibration sequence" not in n]  # 4 prompts: also a small-set note
+    assert len(carried_notes) == (k > 0) and (k == 0 or f"stale:{k}" in carried_notes[0])
+    carried = [d for d in got.decisions if d.metric.startswith("study/")]  # it decides, so it is a decision
+    assert [(d.metric, d.status) for d in carried] == ([] if k == 0 else [(f"study/stale:{k}", status)])
+    assert got.to_dict()["decisions"][-1]["metric"] == (f"study/stale:{k}" if k else "mismatch_kl")
 
 
 def test_bad_input_is_a_clear_error():
@@ -136,7 +140,7 @@ def test_reuse_carries_over_the_verdict_at_the_default_without_tis():
             for settings, verdict in (("lr 0.001, tis_cap 2", "tolerated"), ("lr 0.001, tis_cap off", "not tolerated"))]
     got = check(mismatch.load("tiny-llama"), "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, rows),
                 max_new_tokens=4, reuse=2)
-    assert got.status == "reject" and "tis_cap off" in got.notes[0]
+    assert got.status == "reject" and "tis_cap off" in got.notes[-1]
 
 
 @pytest.mark.parametrize("args, code", [(["--rollout", "noise:0"], 0), (["--rollout", "noise:2.0"], 1),
@@ -179,3 +183,11 @@ def test_a_recipe_that_keeps_every_module_has_no_quantized_scope():
                 max_new_tokens=6, recipe=True)
     assert got.recipe["layers"] is None and got.recipe["kept_fraction"] == 1.0
     assert got.recipe["bits_per_weight"] == 16.0
+
+
+def test_a_calibration_of_two_sequences_says_its_interval_means_little():
+    lm = mismatch.load("tiny-llama")
+    small = check(lm, "noise:0", prompts=PROMPTS[:2], thresholds={"mismatch_kl": 1.0}, max_new_tokens=4)
+    assert small.calibration["sequences"] == 2 and any("only 2 calibration sequences" in n for n in small.notes)
+    enough = check(lm, "noise:0", prompts=PROMPTS * 4, thresholds={"mismatch_kl": 1.0}, max_new_tokens=4, n_prompts=8)
+    assert enough.calibration["sequences"] >= 8 and not any("calibration sequence" in n for n in enough.notes)
