@@ -27,7 +27,10 @@ def score_rollouts(
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:
         console.wrote(err, out_path)
+    for note in result.notes:
+        err.print(f"warning: {note}", markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        typer.echo(json.dumps({"model": result.reference, "rollouts": result.candidate, **result.summary}, indent=1))
+        typer.echo(json.dumps({"model": result.reference, "rollouts": result.candidate, **result.summary,
+                               "notes": result.notes}, indent=1))
     else:
         out.print(console.score_table(result))

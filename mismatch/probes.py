@@ -346,13 +346,15 @@ class _LayerStats:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """`per_token` (one row per scored token), `per_layer` (one row per layer), `summary`."""
+    """`per_token` (one row per scored token), `per_layer` (one row per layer), `summary`, and
+    `notes`: one-line warnings about what was scored (e.g. a dump that may come from another tokenizer)."""
 
     per_token: pd.DataFrame
     per_layer: pd.DataFrame
     summary: dict[str, float]
     reference: str
     candidate: str
+    notes: list[str] = field(default_factory=list)
 
 
 class ExternalLM:

@@ -333,7 +333,7 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
     lagged = _lagged(table, staleness, reuse)
     decisions = [*decisions, *(d for d, _ in lagged)]
-    notes = [*_small_calibration(int(scored.summary["sequences"])), *(n for _, n in lagged)]
+    notes = [*scored.notes, *_small_calibration(int(scored.summary["sequences"])), *(n for _, n in lagged)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
     calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),

@@ -36,6 +36,7 @@ from mismatch.tokenizer import vocab_fingerprint
 BATCH_TOKENS = 8192  # padded tokens per forward pass (B · T)
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "is_ratio", "k3")
 TOPK_COLUMNS = ("topk", "topk_mass_cand", "kl_fwd_topk", "kl_rev_topk")
+DOUBT_NATS = 3.0  # mean log q − log p per token above which a dump without a tokenizer check is doubted
 REST_TOL = 1e-5  # a rest mass below this is rounding (fp32 log-probs of up to ~20 listed tokens): merged
 
 
@@ -252,5 +253,17 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
         write_frame(per_token, Path(out))
     source = f"{dump.source} ({', '.join(dump.shapes)}{', ' + dump.meta['engine'] if dump.meta.get('engine') else ''})"
     return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)), summary=summary,
-                       reference=lm.name, candidate=source)
+                       reference=lm.name, candidate=source, notes=_tokenizer_doubt(dump, lm, summary, check_text))
+
+
+def _tokenizer_doubt(dump: RolloutDump, lm: LM, summary: dict[str, float], check_text: bool) -> list[str]:
+    """A warning when nothing in the dump could show it was tokenized by `lm`'s tokenizer (no text checked,
+    no vocabulary fingerprint) and the model rates its tokens far below what the engine did: a mean
+    log q(y) − log p(y) above `DOUBT_NATS` is what ids of another vocabulary look like (6 nats seen), not
+    a rollout format (int4 on SmolLM2: 0.96)."""
+    checked = dump.meta.get("vocab_fingerprint") or (check_text and any(r.text is not None for r in dump.records))
+    if checked or summary["mismatch_kl"] <= DOUBT_NATS:
+        return []
+    return [f"{dump.source}: {lm.name} rates the dump's tokens {summary['mismatch_kl']:.2g} nats/token below the engine "
+            "and the dump has no text or vocabulary fingerprint to check: it may come from another tokenizer"]
 

@@ -382,3 +382,17 @@ def test_unreadable_files_and_metadata_are_one_line_errors(tiny, tmp_path):
     from mismatch.engines.dumps import RolloutDump
     with pytest.raises(InputError, match="no rollout record"):
         score_rollouts(lm, RolloutDump((), "empty", ()))
+
+
+def test_a_dump_that_may_come_from_another_tokenizer_is_doubted(engine, tmp_path):
+    """Ids of another vocabulary (here: shifted by 7, log-probs kept) and no text or fingerprint to check
+    them: the model rates the tokens far below the engine did, and the result says it may be another
+    tokenizer (the check repeats it); the real dump raises no doubt."""
+    lm, records = engine
+    assert score_rollouts(lm, write_rollouts(tmp_path / "ok.jsonl", records)).notes == []
+    shifted = [EngineRollout(r.prompt_ids, tuple((t + 7) % 259 for t in r.response_ids), tuple(max(lp, -0.05) for lp in r.logprobs))
+               for r in records]
+    got = score_rollouts(lm, write_rollouts(tmp_path / "other.jsonl", shifted))
+    assert got.summary["mismatch_kl"] > 3 and len(got.notes) == 1 and "another tokenizer" in got.notes[0]
+    adm = mismatch.check(lm, None, rollouts=tmp_path / "other.jsonl", thresholds={"mismatch_kl": 10.0})
+    assert any("another tokenizer" in n for n in adm.notes)
