@@ -205,6 +205,9 @@ def bad_files(tmp_path_factory):
     (["report", "{root}/ds", "--out-dir", "{root}/rep1"], "is not a readable parquet file"),
     (["report", "{root}/per_token.parquet", "--out-dir", "{root}/rep2"], "per-token table `score-rollouts --out` writes"),
     (["report", "{root}/ds", "--out-dir", "{root}/latin1.txt"], "is a file, not a folder"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--out", "{root}/latin1.txt/r"], "latin1.txt is a file"),
+    (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--out", "/proc/mismatch-x/r"], "does not take new files"),
+    (["opd", "--pair", "sort-gpt2", "--steps", "2", "--save", "{root}/latin1.txt"], "is a file, not a folder"),
 ])
 def test_every_file_problem_is_one_line(bad_files, args, message):
     res = runner.invoke(app, [a.format(root=bad_files) for a in args])
