@@ -150,3 +150,19 @@ def test_the_public_loader_takes_what_the_cli_takes():
     assert lm.name == "sort-gpt2:student"
     assert all(torch.equal(a, b) for a, b in zip(lm.model.state_dict().values(), pair.student.model.state_dict().values()))
     assert mismatch.load("tiny-llama").name == "tiny-llama"
+
+
+def test_loading_and_saving_print_no_progress_bars_and_leave_the_callers_settings(tmp_path, capfd):
+    """transformers' "Loading weights" / "Writing model shards" bars stay off inside the library, and the
+    caller's own progress-bar setting is as it was afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    from mismatch.opd.recipe import save_student
+
+    hf_logging.enable_progress_bar()
+    lm = mismatch.load("sort-gpt2:student")
+    save_student(lm, tmp_path / "s")
+    mismatch.load(str(tmp_path / "s"))
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing" not in err and "%|" not in err, err[:200]
+    assert hf_logging.is_progress_bar_enabled()

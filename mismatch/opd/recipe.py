@@ -34,7 +34,7 @@ from mismatch.engines.llamacpp import engine_rollout
 from mismatch.errors import InputError, NumericsError
 from mismatch.layout import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
-from mismatch.models import LM
+from mismatch.models import LM, quiet_loading
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
 from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
@@ -351,6 +351,7 @@ def save_student(student: LM, directory: str | Path) -> Path:
     `mismatch.load(directory)` and `transformers`' `from_pretrained` load back. Returns the path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    student.model.save_pretrained(directory)
-    student.tokenizer.save_pretrained(directory)
+    with quiet_loading():  # no "Writing model shards" bar in the caller's stderr
+        student.model.save_pretrained(directory)
+        student.tokenizer.save_pretrained(directory)
     return directory

@@ -36,7 +36,7 @@ import transformers
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
 
 from mismatch.errors import InputError
-from mismatch.models import LM, sha256_file
+from mismatch.models import LM, quiet_loading, sha256_file
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.tasks import SyntheticTask
 from mismatch.tokenizer import byte_tokenizer
@@ -275,8 +275,9 @@ def build(recipe: BuildRecipe, task: SyntheticTask, out_dir: Path, progress: Pro
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {}
     for role, model in (("teacher", teacher), ("student", student)):
-        model.save_pretrained(out_dir / role)
-        tok.save_pretrained(out_dir / role)
+        with quiet_loading():
+            model.save_pretrained(out_dir / role)
+            tok.save_pretrained(out_dir / role)
         files[f"{role}/model.safetensors"] = sha256_file(out_dir / role / "model.safetensors")
     report["files"] = files
     (out_dir / "manifest.json").write_text(json.dumps(report, indent=2) + "\n")
