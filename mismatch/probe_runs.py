@@ -24,7 +24,7 @@ from mismatch.layout import model_layout
 from mismatch.models import LM, parse_dtype, weights_digest
 from mismatch.pairs.registry import load_member, member_spec
 from mismatch.engines.llamacpp import open_engine
-from mismatch.perturb.external import require_engine
+from mismatch.perturb.external import require_engines
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.configs import EngineConfig
 from mismatch.perturb.scope import first_block
@@ -73,8 +73,6 @@ class ProbeConfig:
             raise InputError("the per-block isolation map needs at least one perturbation spec")
         if self.each_layer and any(isinstance(parse_spec(s), EngineConfig) for s in specs):
             raise InputError("an engine runs the whole model: no per-block isolation map of engine specs")
-        for engine in (c for c in map(parse_spec, specs) if isinstance(c, EngineConfig)):
-            require_engine(engine)  # before the responses are generated, not after
         if self.each_layer and self.layers != "linear":
             raise InputError(f"the isolation map perturbs each whole block in turn: it does not combine with layers "
                              f"{self.layers!r} (for one block's part, give a regex such as 'layers\\.3\\.self_attn')")
@@ -197,6 +195,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
         The scored candidates, in order (see `probe_candidates`).
     """
     say = status or (lambda _msg: None)
+    require_engines(config.perturb)  # before the responses are generated, not after
     texts = read_prompts(config.prompts) if config.prompts is not None else list(config.texts)
     texts = texts[:config.max_prompts] if config.max_prompts is not None else texts
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None

@@ -267,10 +267,8 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
                   clip=clip)
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
     lagged = _lagged(table, staleness, reuse)
-    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts),
-                   "sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens,
-                   "max_new_tokens": new_tokens, "temperature": 1.0, "chat": use_chat, "seed": seed,
-                   "sampled_by": f"{name} under {spec} [{layers}]"}
+    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
+                   "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
     decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
@@ -280,6 +278,11 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
     return admission
+
+
+def _sampled(batch) -> dict[str, int]:
+    """How much the calibration batch holds: sequences with a response, and response tokens."""
+    return {"sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens}
 
 
 def _rollout_spec(rollout: str | None):

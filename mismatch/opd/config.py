@@ -19,7 +19,6 @@ import pandas as pd
 
 from mismatch.opd.losses import get_loss
 from mismatch.opd.ring import NO_ROLLOUT_SPECS, split_rollout_spec
-from mismatch.perturb.external import require_engine
 from mismatch.perturb import parse_spec
 from mismatch.perturb.configs import EngineConfig
 
@@ -80,8 +79,6 @@ class OPDConfig:
         if isinstance(engine, EngineConfig) and (engine.weights == "gguf" or self.temperature != 1.0 or self.top_p):
             raise ValueError(f"an {engine.engine} rollout copy is re-exported from the trained weights at "
                              "temperature 1 without top_p (not from its original GGUF file)")
-        if isinstance(engine, EngineConfig):
-            require_engine(engine)  # before the clean baseline trains, not after it
 
     @property
     def rollout_spec(self) -> str | None:

@@ -22,11 +22,13 @@ LLAMA_CPP_MISSING = ("llama.cpp is not installed: `make engines` (or pip install
                      "llama-cpp-python, ~10 minutes")
 
 
-def require_engine(config: EngineConfig) -> None:
-    """Fail now, before any model runs, when the engine `config` names is not installed (looked up,
-    not imported). Raises `ModelNotAvailableError`."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise ModelNotAvailableError(f"{config}: {LLAMA_CPP_MISSING}")
+def require_engines(specs) -> None:
+    """Fail now, before any model runs, when an `engine:` spec among `specs` (strings) names an engine
+    that is not installed (looked up, not imported). A config stays valid without it (reports read
+    engine runs anywhere); the verbs that would run one call this first. Raises `ModelNotAvailableError`."""
+    for spec in specs:
+        if spec and spec.partition(":")[0].strip() == "engine" and importlib.util.find_spec("llama_cpp") is None:
+            raise ModelNotAvailableError(f"{spec}: {LLAMA_CPP_MISSING}")
 
 
 def _refuse(config: EngineConfig, model: nn.Module, names: list[str], snap: Snapshot, ctx: ApplyContext) -> None:
