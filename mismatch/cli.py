@@ -193,7 +193,8 @@ def report(
     results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
     out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
     kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02, force: Force = False,
+    acc_tol: AccTol = 0.02,
+    force: Force = False,
 ) -> None:
     """Write Markdown tables and plots from results (probe: summary.md + plots; OPD: curves + verdicts)."""
     console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, force=force))

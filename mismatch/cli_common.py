@@ -10,13 +10,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
 from mismatch.errors import MismatchError
 from mismatch.models import quiet_transformers
 
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 Out = Annotated[Path | None, typer.Option("--out", help="Results: a dataset directory or a .parquet/.csv file.")]
-Overwrite = Annotated[bool, typer.Option(help="Start --out afresh instead of appending to it.")]
+Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead of appending, once the command "
+                                                 "has succeeded (a failed or interrupted one removes nothing).")]
 KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
 Force = Annotated[bool, typer.Option(help="Replace the report of other results that --out-dir holds.")]
