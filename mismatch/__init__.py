@@ -12,12 +12,8 @@ Public API (names are the contract, see DESIGN.md):
     score_rollouts, read_rollouts            engines/ (an engine's rollout dump scored against a checkpoint)
 """
 
-import os
-
-# Never reach for the network: every model comes from local files.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+# Importing changes nothing in the caller's process (no environment variable is set): loading stays
+# offline by asking transformers for local files only; the CLI sets what its own process needs.
 from mismatch.version import __version__  # noqa: E402
 from mismatch.errors import (  # noqa: E402
     InputError,

@@ -14,6 +14,7 @@ exits with status 2; results already written are never touched by a failing run.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -40,7 +41,10 @@ USAGE_ERROR = typer.BadParameter.__mro__[1]  # typer's own click UsageError: a b
 
 def main() -> None:
     """The console script: `app`, with a usage error (`--max-new-tokens abc`) as the same one `error:`
-    line every other error is (exit 2) and an interrupt outside a command as one line (exit 130)."""
+    line every other error is (exit 2) and an interrupt outside a command as one line (exit 130). Its
+    process never reaches for the hub and its tokenizers do not fork threads (set here, not on import)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         code = app(prog_name="mismatch", standalone_mode=False)  # a command's typer.Exit code, else None
         sys.exit(code if isinstance(code, int) else 0)

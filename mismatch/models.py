@@ -201,8 +201,9 @@ def smollm2_checkpoint() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _gguf_parsed_once():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     # The de-quantized weights are plain fp32 now; drop the GGUF marker so the config loads as
     # an ordinary checkpoint.
     if hasattr(model.config, "quantization_config"):

@@ -108,3 +108,16 @@ def import_cycle(package: Path = PACKAGE) -> list[str] | None:
 def test_no_import_cycle_inside_the_package():
     cycle = import_cycle()
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_importing_mismatch_changes_no_environment_variable():
+    """A user calling `judge` inside their own training loop keeps their hub access and settings."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")}
+    code = ("import os, json; before = dict(os.environ); import mismatch, mismatch.admission, mismatch.cli; "
+            "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
