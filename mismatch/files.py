@@ -1,5 +1,6 @@
-"""Reading the files a user hands the toolkit (prompt lists, study and pair files, thresholds), each
-problem one line naming the file: missing, a directory, unreadable, not UTF-8, not valid TOML/JSON."""
+"""Files: reading what a user hands the toolkit (prompt lists, study and pair files, thresholds), each
+problem one line naming the file (missing, a directory, unreadable, not UTF-8, not valid TOML/JSON);
+checking an output path before any work; and the one atomic write (temporary file, then rename)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from mismatch.errors import InputError
@@ -75,3 +77,23 @@ def check_writable(path: str | Path, what: str, *, folder: bool) -> None:
                          f"({exc.strerror or exc})") from None
     if not folder and path.is_file() and not os.access(path, os.W_OK):
         raise InputError(f"cannot write {what} {path}: the file is read-only")
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write `path` complete or not at all: `write(tmp)` fills a temporary file beside it (same folder,
+    so the rename is atomic), which then replaces `path`; the temporary file never stays behind, also
+    when `write` raises. The one temp-then-rename of the package. Returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """`atomic_write` of UTF-8 text."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

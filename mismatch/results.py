@@ -42,7 +42,7 @@ import torch
 import transformers
 
 from mismatch.errors import InputError
-from mismatch.files import check_writable
+from mismatch.files import atomic_write, check_writable
 from mismatch.hashing import content_hash
 from mismatch.version import __version__
 
@@ -113,16 +113,8 @@ def tidy(rows: pd.DataFrame, *, kind: str, config: dict[str, object], stamp: dic
 def write_frame(frame: pd.DataFrame, path: Path) -> None:
     """Write `frame` to `path` (`.csv`, else parquet), complete or not at all: to a temporary name
     beside it, then renamed; the temporary file never stays behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if path.suffix == ".csv":
-            frame.to_csv(tmp, index=False)
-        else:
-            frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, (lambda tmp: frame.to_csv(tmp, index=False)) if path.suffix == ".csv"
+                 else (lambda tmp: frame.to_parquet(tmp, index=False)))
 
 
 class ResultsWriter:

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.errors import InputError
+from mismatch.files import atomic_write_text
 from mismatch.tolerance import kept_up, level_table, run_table
 from mismatch.results import read_results
 from mismatch.version import __version__
@@ -59,13 +60,8 @@ class Thresholds:
     provenance: dict = field(default_factory=dict)
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(_strict(asdict(self)), indent=1, default=_jsonable, allow_nan=False) + "\n",
-                       encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return atomic_write_text(path, json.dumps(_strict(asdict(self)), indent=1, default=_jsonable,
+                                                  allow_nan=False) + "\n")
 
     @classmethod
     def from_json(cls, path: str | Path) -> Thresholds:

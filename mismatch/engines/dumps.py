@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mismatch.errors import InputError
+from mismatch.files import atomic_write, atomic_write_text
 
 POSITIVE_SLACK = 1e-6  # log-probs up to this above 0 are fp rounding of a near-certain token (read as 0)
 META_KEY = "mismatch_rollouts"
@@ -340,14 +341,10 @@ def write_rollouts(path: str | Path, records: list[EngineRollout], meta: dict[st
              "response_logprobs": list(r.logprobs),
              **({"top_logprobs": [sorted(t.items()) for t in r.top_logprobs]} if r.top_logprobs is not None else {}),
              **({"response_text": r.text} if r.text is not None else {})} for r in records]
-    tmp = path.with_name(path.name + ".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
         keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's fields, inferred over all rows
         table = pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
-        pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta or {})}), tmp)
-    else:
-        lines = ([json.dumps({"meta": meta})] if meta else []) + [json.dumps(r) for r in rows]
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+        return atomic_write(path, lambda tmp: pq.write_table(
+            table.replace_schema_metadata({META_KEY: json.dumps(meta or {})}), tmp))
+    lines = ([json.dumps({"meta": meta})] if meta else []) + [json.dumps(r) for r in rows]
+    return atomic_write_text(path, "\n".join(lines) + "\n")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mismatch.errors import InputError
+from mismatch.files import atomic_write
 from mismatch.models import LM
 from mismatch.perturb.configs import GGUF_WEIGHTS
 
@@ -134,17 +135,21 @@ def write_gguf(lm: LM, path: str | Path, weights: str = "f32") -> dict[str, str]
     arch = ARCHITECTURES.get(type(model).__name__)
     if arch is None:
         raise InputError(f"GGUF export supports {', '.join(ARCHITECTURES)}; {lm.name} is {type(model).__name__}")
-    cfg = model.config
     if weights not in WEIGHT_TYPES:
         raise InputError(f"unknown GGUF weight type {weights!r}; one of {', '.join(WEIGHT_TYPES)}")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
+    written: dict[str, str] = {}
+    atomic_write(path, lambda tmp: _write(gguf, lm, arch, weights, str(tmp), written))
+    return written
+
+
+def _write(gguf, lm: LM, arch: str, weights: str, path: str, written: dict[str, str]) -> None:
+    """Write the GGUF file `path` of `lm`, recording each tensor's type in `written`."""
+    model, cfg = lm.model, lm.model.config
+    writer = gguf.GGUFWriter(path, arch)
     _hparams(writer, cfg, arch, lm.name)
     _tokenizer_fields(writer, lm.tokenizer, int(cfg.vocab_size))
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), int(cfg.num_hidden_layers))
     qtype = getattr(gguf.GGMLQuantizationType, weights.upper())
-    written: dict[str, str] = {}
     for hf_name, tensor in model.named_parameters():  # a tied head is the embedding, listed once: not written
         base, suffix = hf_name.rsplit(".", 1)
         mapped = names.get_name(base)
@@ -163,5 +168,3 @@ def write_gguf(lm: LM, path: str | Path, weights: str = "f32") -> dict[str, str]
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tmp.replace(path)
-    return written

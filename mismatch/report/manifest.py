@@ -11,11 +11,10 @@ of unknown origin — is a one-line error unless `force`, which replaces the rec
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from mismatch.errors import InputError
-from mismatch.files import read_json
+from mismatch.files import atomic_write_text, read_json
 
 MANIFEST = "report.json"
 
@@ -61,8 +60,5 @@ def record(out_dir: Path, sources: list[str], run_ids: set[str], written: list[P
     for stale in set(old.get("files", [])) - set(names) - {MANIFEST}:
         if "/" not in stale and (out_dir / stale).is_file():
             (out_dir / stale).unlink()
-    path = out_dir / MANIFEST
-    tmp = out_dir / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"sources": sources, "run_ids": sorted(run_ids), "files": names}, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(out_dir / MANIFEST, json.dumps({"sources": sources, "run_ids": sorted(run_ids),
+                                                              "files": names}, indent=1) + "\n")

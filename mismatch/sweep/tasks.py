@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from mismatch.files import atomic_write_text
 from mismatch.hashing import content_hash
 from mismatch.models import sha256_file
 from mismatch.opd.config import OPDConfig
@@ -65,11 +66,7 @@ def read_ledger(out: str | Path) -> dict[str, dict]:
 
 def write_record(out: Path, tid: str, record: dict) -> None:
     """Write a task's ledger record `out/_sweep/<tid>.json` atomically (temporary name, rename)."""
-    folder = out / LEDGER
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{tid}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    os.replace(tmp, folder / f"{tid}.json")
+    atomic_write_text(out / LEDGER / f"{tid}.json", json.dumps(record, indent=1, default=str))
 
 
 def _run_task(task: Task, out: Path) -> None:
