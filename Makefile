@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_opd.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_check.py
+	$(BIN)/python benchmarks/bench_cli.py
 
 bench-engines: $(ENGINES)
 	$(BIN)/python benchmarks/bench_engines.py

@@ -13,26 +13,51 @@ Public API (names are the contract, see DESIGN.md):
 """
 
 # Importing changes nothing in the caller's process (no environment variable is set): loading stays
-# offline by asking transformers for local files only; the CLI sets what its own process needs.
-from mismatch.version import __version__  # noqa: E402
-from mismatch.errors import (  # noqa: E402
-    InputError,
-    MismatchError,
-    ModelNotAvailableError,
-    NumericsError,
-    VocabMismatchError,
-)
-from mismatch.models import LM, list_models  # noqa: E402
-from mismatch.probes import ProbeResult, Reference, probe, reference  # noqa: E402
-from mismatch.perturb import parse_spec, perturb_, perturbed, restore_  # noqa: E402
-from mismatch.pairs import Pair, list_pairs, load_pair  # noqa: E402
-from mismatch.pairs.registry import load_member as load  # noqa: E402  (PAIR:student too, as the CLI)
-from mismatch import rollout  # noqa: E402
-from mismatch.rollout import Batch, generate, teacher_forced  # noqa: E402
-from mismatch.probe_runs import ProbeConfig, probe_candidates, run_probes  # noqa: E402
-from mismatch.results import read_results  # noqa: E402
-from mismatch.admission import Admission, check, fit_thresholds  # noqa: E402
-from mismatch.engines import read_rollouts, score_rollouts, write_rollouts  # noqa: E402
+# offline by asking transformers for local files only; the CLI sets what its own process needs. The
+# public names load on first use (module `__getattr__`), so `import mismatch` costs no torch import.
+import importlib
+
+from mismatch.version import __version__
+from mismatch.errors import InputError, MismatchError, ModelNotAvailableError, NumericsError, VocabMismatchError
+
+_LAZY = {  # public name -> (module, attribute)
+    "LM": ("mismatch.models", "LM"), "list_models": ("mismatch.models", "list_models"),
+    "load": ("mismatch.pairs.registry", "load_member"),  # PAIR:student too, as the CLI
+    "probe": ("mismatch.probes", "probe"), "reference": ("mismatch.probes", "reference"),
+    "ProbeResult": ("mismatch.probes", "ProbeResult"), "Reference": ("mismatch.probes", "Reference"),
+    "ProbeConfig": ("mismatch.probe_runs", "ProbeConfig"), "probe_candidates": ("mismatch.probe_runs", "probe_candidates"),
+    "run_probes": ("mismatch.probe_runs", "run_probes"), "read_results": ("mismatch.results", "read_results"),
+    "Batch": ("mismatch.rollout", "Batch"), "generate": ("mismatch.rollout", "generate"),
+    "teacher_forced": ("mismatch.rollout", "teacher_forced"),
+    "perturbed": ("mismatch.perturb", "perturbed"), "perturb_": ("mismatch.perturb", "perturb_"),
+    "restore_": ("mismatch.perturb", "restore_"), "parse_spec": ("mismatch.perturb", "parse_spec"),
+    "Pair": ("mismatch.pairs", "Pair"), "load_pair": ("mismatch.pairs", "load_pair"),
+    "list_pairs": ("mismatch.pairs", "list_pairs"),
+    "check": ("mismatch.admission", "check"), "Admission": ("mismatch.admission", "Admission"),
+    "fit_thresholds": ("mismatch.admission", "fit_thresholds"),
+    "score_rollouts": ("mismatch.engines", "score_rollouts"), "read_rollouts": ("mismatch.engines", "read_rollouts"),
+    "write_rollouts": ("mismatch.engines", "write_rollouts"),
+}
+_SUBMODULES = {"rollout", "admission", "engines", "opd", "pairs", "perturb", "sweep", "report", "metrics", "results",
+               "models", "probes", "tolerance"}
+
+
+def __getattr__(name: str):
+    """A public name or subpackage, imported on first use (then cached in the module's namespace)."""
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"mismatch.{name}")
+    else:
+        raise AttributeError(f"module 'mismatch' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
 
 __all__ = [
     "LM", "load", "list_models",

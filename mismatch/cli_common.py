@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 
 from mismatch.errors import MismatchError
-from mismatch.models import quiet_transformers
 
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
@@ -41,6 +40,8 @@ def command(group: typer.Typer, name: str | None = None):
     def register(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            from mismatch.models import quiet_transformers  # the library loads once a command runs
+
             quiet_transformers()
             try:
                 return fn(*args, **kwargs)

@@ -8,9 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch import console
 from mismatch.cli_common import err, out
-from mismatch.engines import score_rollouts as score_lib
 
 
 def score_rollouts(
@@ -23,6 +21,9 @@ def score_rollouts(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced."""
+    from mismatch import console
+    from mismatch.engines import score_rollouts as score_lib
+
     with err.status(f"scoring {rollouts} with {model}…"):
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:
