@@ -28,12 +28,11 @@ def claim(out_dir: Path, sources: list[str], run_ids: set[str], *, force: bool =
     """Check that the report of `sources` (holding `run_ids`) may be written into `out_dir`, before
     anything is computed; returns the folder's current manifest (`{}` when none).
 
+    `out_dir` is a folder or absent (`mismatch.files.check_writable`, which `report` runs first).
+
     Raises:
-        InputError: `out_dir` is a file; or it holds another dataset's report, or files no report
-            recorded, and not `force`.
+        InputError: it holds another dataset's report, or files no report recorded, and not `force`.
     """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out-dir {out_dir} is a file, not a folder")
     if not out_dir.is_dir():
         return {}
     path = out_dir / MANIFEST

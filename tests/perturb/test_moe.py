@@ -12,6 +12,7 @@ from mismatch.perturb import perturb_, perturbed
 from mismatch.perturb.rounding import FP8_DTYPES, fp8_max
 from mismatch.perturb.scope import select
 from tests.conftest import MOE_FAMILIES, random_ids
+from tests.perturb.test_apply import _assert_restored, _state
 
 ATTN = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
 NATIVE = ["fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e5m2:channel", "int8:channel",
@@ -21,19 +22,6 @@ TENSORS = ("gate_up_proj", "down_proj")
 
 def _experts(model, block):
     return model.model.layers[block].mlp.experts
-
-
-def _snapshot(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}, {n: type(m) for n, m in model.named_modules()}
-
-
-def _assert_restored(model, before):
-    state, classes = before
-    now = model.state_dict()
-    assert now.keys() == state.keys()
-    assert all(now[k].dtype == state[k].dtype and torch.equal(now[k], state[k]) for k in state)
-    assert {n: type(m) for n, m in model.named_modules()} == classes
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -65,7 +53,7 @@ def test_a_scope_of_a_kind_the_model_lacks_says_so(tiny):
 def test_every_expert_tensor_changes_and_restore_is_bitwise(tiny, family, spec):
     lm = mismatch.load(family)  # a private copy: this test perturbs it
     ids = random_ids(2, 12, seed=3)
-    before = _snapshot(lm.model)
+    before = _state(lm.model)
     routers = [lm.model.model.layers[i].mlp.gate.weight for i in range(2)]
     with torch.no_grad():
         clean = lm.model(ids).logits
@@ -175,7 +163,7 @@ def test_transposed_experts_round_per_output_channel_of_each_expert():
     stored matrix's columns; rounding the transpose with the slow loop gives the same bits."""
     model, clean = _tiny_gpt_oss(), _tiny_gpt_oss()
     assert select(model, "router") == ["model.layers.0.mlp.router", "model.layers.1.mlp.router"]
-    before = _snapshot(model)
+    before = _state(model)
     for spec in ("int4:group32", "fp8-e4m3:block128"):
         with perturbed(model, spec, layers="experts") as cand:
             for name in TENSORS:
@@ -191,7 +179,7 @@ def test_transposed_experts_round_per_output_channel_of_each_expert():
 
 def test_the_router_scope_quantizes_the_routers_only(tiny):
     lm = mismatch.load("tiny-mixtral")
-    before = _snapshot(lm.model)
+    before = _state(lm.model)
     with perturbed(lm.model, "int4:group32", layers="router") as cand:
         w = before[0]["model.layers.0.mlp.gate.weight"]
         assert torch.equal(cand.model.layers[0].mlp.gate.weight, _slow_int(w, 4, 32))
@@ -211,7 +199,7 @@ def test_the_router_scope_quantizes_the_routers_only(tiny):
 ])
 def test_backends_refuse_experts_and_routers_by_name(spec, layers, tensor):
     lm = mismatch.load("tiny-qwen3-moe")
-    before = _snapshot(lm.model)
+    before = _state(lm.model)
     with pytest.raises(InputError, match=f"{spec} quantizes nn.Linear layers only, not {tensor}") as err:
         perturb_(lm.model, spec, layers=layers)
     assert "\n" not in str(err.value)
@@ -228,7 +216,7 @@ def test_backends_run_on_the_attention_of_an_moe_model():
 
 def test_w8a8_refuses_fused_experts_and_runs_on_attention(tiny):
     lm = mismatch.load("tiny-mixtral")
-    before = _snapshot(lm.model)
+    before = _state(lm.model)
     with pytest.raises(InputError, match=r"cannot round activations inside the fused experts model\.layers\.0"):
         perturb_(lm.model, "fp8-e4m3:channel,w8a8")
     _assert_restored(lm.model, before)
