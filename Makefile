@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-WARM_IMPORTS := mismatch.cli, mismatch.console, mismatch.probe_runs, mismatch.admission, mismatch.sweep.ray_pool, mismatch.report, matplotlib.pyplot, optimum.quanto, \
+WARM_IMPORTS := mismatch.cli.app, mismatch.cli.tables, mismatch.probes.runs, mismatch.admission, mismatch.sweep.ray_pool, mismatch.report, matplotlib.pyplot, optimum.quanto, \
 	bitsandbytes, pyarrow.parquet, ray, pytest
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-compile --no-deps verl==0.9.1
 	# Bytecode for what runs import: where PYTHONDONTWRITEBYTECODE is set (as on these machines)
 	# every process would otherwise compile torch, transformers, ray… from source (22.7 s per
-	# `import mismatch.cli` instead of 9.1 s; tests and Ray workers start many).
+	# `import mismatch.cli.app` instead of 9.1 s; tests and Ray workers start many).
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import $(WARM_IMPORTS)"
 	touch $@
 

@@ -26,7 +26,7 @@ import mismatch  # noqa: E402
 from mismatch.admission import checker  # noqa: E402
 from mismatch.admission import judge  # noqa: E402
 from mismatch.opd import OPDConfig, train  # noqa: E402
-from mismatch.opd.recipe import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
+from mismatch.opd.trainer import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
 
 
 def timed_check(lm: mismatch.LM) -> tuple[float, dict[str, float], mismatch.Admission]:

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 import mismatch  # noqa: E402
 from mismatch.engines.llamacpp import LlamaCpp, open_engine  # noqa: E402
-from mismatch.models import LM  # noqa: E402
-from mismatch.rollout import encode, read_prompts  # noqa: E402
+from mismatch.model.loader import LM  # noqa: E402
+from mismatch.model.generate import encode, read_prompts  # noqa: E402
 
 WEIGHTS = ("gguf", "f32", "f16", "q8_0", "q4_0")
 

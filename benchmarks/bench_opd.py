@@ -17,7 +17,7 @@ Then, on smollm2-concise (8 prompts of its task, 64 sampled tokens each), side b
     weight once: the bound is the weight bytes a step reads ÷ the read bandwidth measured in this
     run (sum over a 1 GiB buffer). Decode time per step = (generate 64 tokens − generate 1) / 63,
     so prefill is excluded. Rows: the default `torch` linear (MKL), the oneDNN-packed linears
-    `mismatch.rollout.generate` uses (`mismatch.decode`), both with a static KV cache, and with
+    `mismatch.model.generate.generate` uses (`mismatch.model.packed_linear`), both with a static KV cache, and with
     `--compile` a static cache plus `torch.compile`d decode step (compile time printed apart); and,
     where the optional extra is installed (`make engines`), llama.cpp decoding the same 8 prompts as
     one batch of 8 sequences from an f32 GGUF export of the same weights with an f32 KV cache (the
@@ -42,10 +42,10 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from mismatch.decode import packed_linears  # noqa: E402
+from mismatch.model.packed_linear import packed_linears  # noqa: E402
 from mismatch.opd import OPDConfig, train  # noqa: E402
-from mismatch.opd.recipe import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
-from mismatch.rollout import pad_id, prompt_batch  # noqa: E402
+from mismatch.opd.trainer import sample_rollouts, score_with_teacher, setup, update  # noqa: E402
+from mismatch.model.generate import pad_id, prompt_batch  # noqa: E402
 
 PARTS = ("rollout_s", "teacher_s", "update_s", "refresh_s", "wall_s")
 

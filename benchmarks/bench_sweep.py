@@ -26,7 +26,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 import mismatch  # noqa: E402
-from mismatch.rollout import teacher_forced  # noqa: E402
+from mismatch.model.generate import teacher_forced  # noqa: E402
 from mismatch.sweep import plan_study, read_ledger, run_study  # noqa: E402
 from mismatch.sweep.study import Study  # noqa: E402
 

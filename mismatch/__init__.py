@@ -1,11 +1,11 @@
 """mismatch: measure how much training-inference mismatch on-policy distillation tolerates.
 
-Public API (names are the contract, see DESIGN.md):
-    load, list_models, LM                    models.py (load: pairs/registry.py, PAIR:student too)
-    probe, reference, ProbeResult, Reference probes.py
-    ProbeConfig, probe_candidates, run_probes probe_runs.py (one reference, many candidates)
+Public API (names are the contract, see docs/design.md):
+    load, list_models, LM                    model/loader.py (load: pairs/registry.py, PAIR:student too)
+    probe, reference, ProbeResult, Reference probes/core.py
+    ProbeConfig, probe_candidates, run_probes probes/runs.py (one reference, many candidates)
     read_results                             results.py (the results dataset)
-    generate, Batch                          rollout.py
+    generate, Batch, teacher_forced          model/generate.py
     perturbed, perturb_, restore_, parse_spec perturb/
     load_pair, list_pairs, Pair              pairs/
     check, Admission, fit_thresholds         admission/ (the admission check, thresholds, recipes, cost)
@@ -21,14 +21,14 @@ from mismatch.version import __version__
 from mismatch.errors import InputError, MismatchError, ModelNotAvailableError, NumericsError, VocabMismatchError
 
 _LAZY = {  # public name -> (module, attribute)
-    "LM": ("mismatch.models", "LM"), "list_models": ("mismatch.models", "list_models"),
+    "LM": ("mismatch.model.loader", "LM"), "list_models": ("mismatch.model.loader", "list_models"),
     "load": ("mismatch.pairs.registry", "load_member"),  # PAIR:student too, as the CLI
-    "probe": ("mismatch.probes", "probe"), "reference": ("mismatch.probes", "reference"),
-    "ProbeResult": ("mismatch.probes", "ProbeResult"), "Reference": ("mismatch.probes", "Reference"),
-    "ProbeConfig": ("mismatch.probe_runs", "ProbeConfig"), "probe_candidates": ("mismatch.probe_runs", "probe_candidates"),
-    "run_probes": ("mismatch.probe_runs", "run_probes"), "read_results": ("mismatch.results", "read_results"),
-    "Batch": ("mismatch.rollout", "Batch"), "generate": ("mismatch.rollout", "generate"),
-    "teacher_forced": ("mismatch.rollout", "teacher_forced"),
+    "probe": ("mismatch.probes.core", "probe"), "reference": ("mismatch.probes.core", "reference"),
+    "ProbeResult": ("mismatch.probes.core", "ProbeResult"), "Reference": ("mismatch.probes.core", "Reference"),
+    "ProbeConfig": ("mismatch.probes.runs", "ProbeConfig"), "probe_candidates": ("mismatch.probes.runs", "probe_candidates"),
+    "run_probes": ("mismatch.probes.runs", "run_probes"), "read_results": ("mismatch.results", "read_results"),
+    "Batch": ("mismatch.model.generate", "Batch"), "generate": ("mismatch.model.generate", "generate"),
+    "teacher_forced": ("mismatch.model.generate", "teacher_forced"),
     "perturbed": ("mismatch.perturb", "perturbed"), "perturb_": ("mismatch.perturb", "perturb_"),
     "restore_": ("mismatch.perturb", "restore_"), "parse_spec": ("mismatch.perturb", "parse_spec"),
     "Pair": ("mismatch.pairs", "Pair"), "load_pair": ("mismatch.pairs", "load_pair"),
@@ -38,8 +38,8 @@ _LAZY = {  # public name -> (module, attribute)
     "score_rollouts": ("mismatch.engines", "score_rollouts"), "read_rollouts": ("mismatch.engines", "read_rollouts"),
     "write_rollouts": ("mismatch.engines", "write_rollouts"),
 }
-_SUBMODULES = {"rollout", "admission", "engines", "opd", "pairs", "perturb", "sweep", "report", "metrics", "results",
-               "models", "probes", "tolerance"}
+_SUBMODULES = {"model", "perturb", "probes", "pairs", "engines", "opd", "admission", "sweep", "report", "metrics",
+               "results", "files"}
 
 
 def __getattr__(name: str):
@@ -63,7 +63,7 @@ __all__ = [
     "LM", "load", "list_models",
     "probe", "reference", "ProbeResult", "Reference",
     "ProbeConfig", "probe_candidates", "run_probes", "read_results",
-    "rollout", "Batch", "generate", "teacher_forced",
+    "Batch", "generate", "teacher_forced",
     "perturbed", "perturb_", "restore_", "parse_spec",
     "Pair", "load_pair", "list_pairs",
     "check", "Admission", "fit_thresholds",

@@ -10,7 +10,7 @@ import pytest
 import mismatch
 from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
-from mismatch.probe_runs import rows_of
+from mismatch.probes.runs import rows_of
 from mismatch.results import FRONT, ResultsWriter, per_layer, read_results, run_id, summaries, tidy
 from tests.conftest import random_ids
 

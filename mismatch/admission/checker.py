@@ -37,12 +37,12 @@ from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
 from mismatch.errors import InputError
 from mismatch.metrics import checked_inputs, sampled_token_metrics
-from mismatch.models import LM, context_length
+from mismatch.model.loader import LM, context_length
 from mismatch.pairs.registry import PAIRS, load_member
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.spec import ReuseConfig, StaleConfig
-from mismatch.probes import probe, reference
-from mismatch.rollout import Batch, encode, generate, read_prompts
+from mismatch.probes.core import probe, reference
+from mismatch.model.generate import Batch, encode, generate, read_prompts
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval

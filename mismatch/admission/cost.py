@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from mismatch.errors import InputError
-from mismatch.moe import moe_blocks
+from mismatch.model.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
 from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig, ReuseConfig, StaleConfig
 from mismatch.perturb.scope import head_name
@@ -152,9 +152,9 @@ def generation_speed(lm, spec: str | None, prompts: list[str], *, max_new_tokens
 
     import torch
 
-    from mismatch.models import LM
+    from mismatch.model.loader import LM
     from mismatch.perturb import perturbed
-    from mismatch.rollout import generate
+    from mismatch.model.generate import generate
 
     home = next(lm.model.parameters()).device
     lm.model.to(device)

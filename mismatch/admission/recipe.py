@@ -33,14 +33,14 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from mismatch.layout import model_layout
-from mismatch.models import LM
-from mismatch.moe import moe_blocks
+from mismatch.model.layout import model_layout
+from mismatch.model.loader import LM
+from mismatch.model.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
 from mismatch.perturb.scope import block_modules, head_name
 from mismatch.perturb.snapshot import weight_names
-from mismatch.probe_runs import probe_candidates
-from mismatch.rollout import Batch
+from mismatch.probes.runs import probe_candidates
+from mismatch.model.generate import Batch
 
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("query", "key", "value"))
 MAX_REFINED = 4  # blocks whose module groups are measured one by one

@@ -9,7 +9,7 @@ check computes too). Staleness and reuse measure 0 there by construction (no upd
 behind), so they are not fitted: their verdicts are carried over as the study measured them
 (`Thresholds.lagged`).
 
-Labels come from the study's tolerance analysis (`mismatch.tolerance`): a level is *tolerated*
+Labels come from the study's tolerance analysis (`mismatch.opd.tolerance`): a level is *tolerated*
 (for fitting) when its mean over seeds of Δ final held-out accuracy ≥ −acc_tol and KL ratio ≤
 1 + kl_tol; the interval verdict (tolerated / uncertain / not tolerated) is kept beside it. Each
 statistic gets a one-sided limit (admit when the statistic ≤ limit) at the geometric midpoint of the
@@ -33,7 +33,7 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.tolerance import kept_up, level_table, run_table
+from mismatch.opd.tolerance import kept_up, level_table, run_table
 from mismatch.results import read_results
 from mismatch.version import __version__
 
@@ -125,7 +125,7 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
     each first-step statistic, the level's tolerance numbers and verdict, and `tolerated` (the label:
     mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol). `runs` / `levels`: the rows'
-    `run_table` and `level_table` (`mismatch.tolerance`)."""
+    `run_table` and `level_table` (`mismatch.opd.tolerance`)."""
     if levels.empty:
         raise InputError("no judged OPD levels in these results: run a study with clean twins first")
     stats = first_step_statistics(rows)

@@ -21,7 +21,7 @@ shape found per record:
   `prompt_token_ids` (vLLM's `return_token_ids`), which the OpenAI API itself does not return.
 
 A line `{"meta": {...}}` (parquet: the schema metadata key `mismatch_rollouts`) carries what the
-engine knows: `vocab_size`, `vocab_fingerprint` (`mismatch.tokenizer.vocab_fingerprint`),
+engine knows: `vocab_size`, `vocab_fingerprint` (`mismatch.model.tokenizer.vocab_fingerprint`),
 `tokenizer`, `engine`, `temperature`. The log-probs must be those of the distribution the tokens
 were sampled from (temperature 1, no top-p/top-k truncation, for an unbiased mismatch estimate).
 """

@@ -27,7 +27,7 @@ import torch
 
 from mismatch.errors import InputError
 from mismatch.files import atomic_write
-from mismatch.models import LM
+from mismatch.model.loader import LM
 from mismatch.perturb.configs import GGUF_WEIGHTS
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2"}

@@ -26,11 +26,11 @@ import torch
 
 from mismatch.engines.gguf_export import write_gguf
 from mismatch.errors import InputError, ModelNotAvailableError
-from mismatch.models import LM, cache_dir, context_length, smollm2_gguf_path
+from mismatch.model.loader import LM, cache_dir, context_length, smollm2_gguf_path
 from mismatch.pairs.registry import member_spec
 from mismatch.perturb.external import LLAMA_CPP_MISSING
-from mismatch.probes import ExternalLM
-from mismatch.rollout import Batch, Rollout, pad_id, prompt_batch
+from mismatch.probes.core import ExternalLM
+from mismatch.model.generate import Batch, Rollout, pad_id, prompt_batch
 
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML type ids of the KV cache
 

@@ -23,15 +23,15 @@ import torch
 from mismatch.engines.dumps import EngineRollout, RolloutDump, read_rollouts
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.files import check_writable
-from mismatch.layout import Head, head_inputs, logprob_chunks
+from mismatch.model.head import Head, head_inputs, logprob_chunks
 from mismatch.metrics import ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
-from mismatch.models import LM, context_length
+from mismatch.model.loader import LM, context_length
 from mismatch.pairs.registry import load_member
-from mismatch.positions import response_index
-from mismatch.probes import LAYER_COLUMNS, ProbeResult
+from mismatch.model.positions import response_index
+from mismatch.probes.core import LAYER_COLUMNS, ProbeResult
 from mismatch.results import write_frame
-from mismatch.rollout import pad_id
-from mismatch.tokenizer import vocab_fingerprint
+from mismatch.model.generate import pad_id
+from mismatch.model.tokenizer import vocab_fingerprint
 
 BATCH_TOKENS = 8192  # padded tokens per forward pass (B · T)
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "is_ratio", "k3")

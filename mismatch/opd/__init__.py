@@ -3,7 +3,7 @@ with stale weights (`ring`), the run's configuration (`config`), the training re
 planning and running several runs into a results dataset (`runs`), verdicts (`verdict`)."""
 
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.recipe import save_student, train
+from mismatch.opd.trainer import save_student, train
 from mismatch.opd.runs import label, make_config, plan, run_all
 from mismatch.opd.verdict import verdict_table
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mismatch.engines.llamacpp import open_engine
-from mismatch.models import LM
+from mismatch.model.loader import LM
 from mismatch.perturb import perturb_, restore_
 from mismatch.perturb.spec import EngineConfig, ReuseConfig, StaleConfig, parse_spec
 

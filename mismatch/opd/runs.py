@@ -22,7 +22,7 @@ from mismatch.errors import InputError
 from mismatch.files import check_writable
 from mismatch.perturb.external import require_engines
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.recipe import train
+from mismatch.opd.trainer import train
 from mismatch.opd.verdict import run_label
 from mismatch.pairs.registry import pair_digest
 from mismatch.results import ResultsWriter, provenance, run_id, tidy

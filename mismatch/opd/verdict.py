@@ -100,7 +100,7 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
     heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
-    runs and runs without a baseline; one run's comparison — `mismatch.tolerance.run_verdicts` gives
+    runs and runs without a baseline; one run's comparison — `mismatch.opd.tolerance.run_verdicts` gives
     the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
     step: False while a run is still going or after it failed), last_step (its last evaluation), steps,
     diverged (`diverged`).

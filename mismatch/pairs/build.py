@@ -36,10 +36,10 @@ import transformers
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
 
 from mismatch.errors import InputError
-from mismatch.models import LM, quiet_loading, sha256_file
+from mismatch.model.loader import LM, quiet_loading, sha256_file
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.tasks import SyntheticTask
-from mismatch.tokenizer import byte_tokenizer
+from mismatch.model.tokenizer import byte_tokenizer
 
 BUILDER_VERSION = "2"  # bump when the training code changes what it produces
 SAMPLE_SEED = 7919  # offset of the sampling seed of the student's accuracy

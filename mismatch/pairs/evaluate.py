@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mismatch.models import LM
-from mismatch.rollout import Batch, generate, responses
+from mismatch.model.loader import LM
+from mismatch.model.generate import Batch, generate, responses
 
 
 def batch_rewards(batch: Batch, tokenizer, task, prompts: list[str]) -> list[float]:
@@ -34,7 +34,7 @@ def greedy_accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | N
 
     A response that does not end with EOS within `max_new_tokens` (default: the task's
     `max_new_tokens`) scores 0, whatever its text. `chat` / `context`: how prompts are
-    encoded (`mismatch.rollout.encode`), e.g. a pair's `chat` and its role's context turns.
+    encoded (`mismatch.model.generate.encode`), e.g. a pair's `chat` and its role's context turns.
     """
     return _accuracy(lm, task, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
                      batch_size=batch_size, temperature=0.0, seed=0)

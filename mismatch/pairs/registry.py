@@ -39,11 +39,11 @@ from huggingface_hub import try_to_load_from_cache
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
 from mismatch.hashing import content_hash
-from mismatch.models import LM, cache_dir, load, sha256_file, smollm2_gguf_path, weights_digest
+from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
-from mismatch.tokenizer import vocab_fingerprint
+from mismatch.model.tokenizer import vocab_fingerprint
 from mismatch.files import read_toml
 
 Message = tuple[str, str]  # (role, content) of a chat turn
@@ -406,7 +406,7 @@ def load_member(spec: str, **kwargs) -> LM:
             `PAIR:teacher`, `mismatch.list_pairs()`), a local checkpoint directory, or a hub id in the
             local Hugging Face cache.
         kwargs: `dtype` (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`), `seed` (of the tiny
-            random-init models), as `mismatch.models.load` takes them.
+            random-init models), as `mismatch.model.loader.load` takes them.
 
     Returns:
         `LM(model, tokenizer, name=spec)` in eval mode on the CPU.

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from mismatch.errors import InputError
-from mismatch.rollout import read_prompts
+from mismatch.model.generate import read_prompts
 
 SPLITS = ("train", "held_out")
 HELD_OUT_SHARE = 5  # one problem in 5 is held out

@@ -2,7 +2,7 @@
 
 It parses like every other kind, so probe and OPD specs are validated at the edge, but it cannot be
 applied to a PyTorch model in place: the model is exported to the engine (`mismatch.engines`), whose
-logits enter the probes as a candidate (`mismatch.probes.ExternalLM`) and whose samples enter OPD as
+logits enter the probes as a candidate (`mismatch.probes.core.ExternalLM`) and whose samples enter OPD as
 the rollout copy. Its handler is a clear error pointing there.
 """
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from mismatch.errors import InputError
-from mismatch.models import parse_dtype
-from mismatch.moe import is_experts
+from mismatch.model.loader import parse_dtype
+from mismatch.model.moe import is_experts
 from mismatch.perturb import rounding
 from mismatch.perturb.configs import DtypeConfig, FP8Config, IntConfig, NoiseConfig
 from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind

@@ -10,7 +10,7 @@
     REGEX    linear layers, experts, routers and lm_head whose full module name matches (re.search)
 
 Linear layers are `nn.Linear` and GPT-2's `Conv1D` (same map, transposed weight). An MoE block's
-experts module (`mismatch.moe`) counts as one unit holding its 3-D expert tensors; its router stays
+experts module (`mismatch.model.moe`) counts as one unit holding its 3-D expert tensors; its router stays
 in full precision unless a scope names it (`router`, or a regex), as vLLM and slime keep it.
 """
 
@@ -22,8 +22,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from mismatch.errors import InputError
-from mismatch.layout import model_layout
-from mismatch.moe import is_experts, is_transposed, moe_blocks
+from mismatch.model.layout import model_layout
+from mismatch.model.moe import is_experts, is_transposed, moe_blocks
 
 KEYWORDS = ("linear", "all", "attn", "mlp", "experts", "router", "lm_head")
 _ATTN = re.compile(r"(^|\.)(self_attn|attn|attention|self_attention)(\.|$)")

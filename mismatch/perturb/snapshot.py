@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers.pytorch_utils import Conv1D
 
-from mismatch.moe import expert_bias_names, expert_tensor_names, is_experts
+from mismatch.model.moe import expert_bias_names, expert_tensor_names, is_experts
 
 
 @dataclass(kw_only=True)
@@ -44,7 +44,7 @@ class Snapshot:
 
 def weight_names(module: nn.Module) -> tuple[str, ...]:
     """The weight matrices of a selected module that a perturbation rewrites: `weight` of a linear layer
-    or router, every 3-D expert tensor of an MoE experts module (`mismatch.moe`)."""
+    or router, every 3-D expert tensor of an MoE experts module (`mismatch.model.moe`)."""
     return expert_tensor_names(module) if is_experts(module) else ("weight",)
 
 

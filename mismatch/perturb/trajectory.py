@@ -2,7 +2,7 @@
 
 They parse like every other kind, so a rollout spec is validated at the edge, but cannot be
 applied to a model in place: the OPD rollout copy (`mismatch.opd.ring`) realises staleness by
-serving weights K optimizer steps old, and the OPD loop (`mismatch.opd.recipe`) realises reuse by
+serving weights K optimizer steps old, and the OPD loop (`mismatch.opd.trainer`) realises reuse by
 training on one rollout batch for R consecutive steps. Their handler is a clear error pointing there.
 """
 

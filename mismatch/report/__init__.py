@@ -27,7 +27,7 @@ from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
-from mismatch.tolerance import level_table, run_table
+from mismatch.opd.tolerance import level_table, run_table
 
 
 def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,

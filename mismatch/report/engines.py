@@ -21,7 +21,7 @@ from mismatch.perturb import parse_spec
 from mismatch.perturb.configs import EngineConfig
 from mismatch.report.common import markdown_table, plus_minus
 from mismatch.results import summaries
-from mismatch.tolerance import weight_bits
+from mismatch.opd.tolerance import weight_bits
 
 TWINS = {"f16": "dtype:fp16", "q8_0": "int8:group32", "q4_0": "int4:group32"}
 STATIC_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "top1_agree", "logp_abs_diff_mean", "tokens")

@@ -5,7 +5,7 @@ Costs are the analytic factors of `mismatch.admission.cost` (weight bytes read p
 rollouts generated per trained step, the step's wall clock with the overlap a lag allows),
 computed on the pair student's *architecture*: its `config.json` instantiated on the meta device,
 so no weight is read. The rollout share of a step (for the wall clock) is each pair's own, measured
-in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.tolerance`. The
+in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.opd.tolerance`. The
 cheapest configuration is named twice: by the interval verdict (`tolerated`), and by the means
 alone (Δ accuracy ≥ −acc_tol and KL ratio ≤ 1 + kl_tol: kept up with clean on average, not shown
 to at the seed interval).
@@ -22,12 +22,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mismatch.admission.cost import rollout_cost
 from mismatch.errors import MismatchError
-from mismatch.models import smollm2_checkpoint
+from mismatch.model.loader import smollm2_checkpoint
 from mismatch.opd.ring import split_rollout_spec
 from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import member_spec
 from mismatch.report.common import plus_minus
-from mismatch.tolerance import kept_up, level_table, run_table
+from mismatch.opd.tolerance import kept_up, level_table, run_table
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from mismatch.opd.verdict import final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
-from mismatch.tolerance import run_verdicts
+from mismatch.opd.tolerance import run_verdicts
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))

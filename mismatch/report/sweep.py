@@ -1,7 +1,7 @@
 """Sweep reports: tolerance tables and figures across pairs, sources, levels and seeds. Reads results only.
 
 `write_sweep_report(rows, out_dir)` writes, from OPD runs judged against their clean twins and pooled
-over seeds (`mismatch.tolerance`):
+over seeds (`mismatch.opd.tolerance`):
   * `tolerance.md` / `tolerance.csv` — per pair × source × settings: the largest tolerated level
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
     every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
@@ -27,7 +27,7 @@ from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.report.probe import is_isolation
-from mismatch.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
+from mismatch.opd.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
 from mismatch.results import summaries
 
 MARKERS = "osD^v<>P*X"

@@ -22,9 +22,9 @@ import pandas as pd
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.probe_runs import ProbeConfig
+from mismatch.probes.runs import ProbeConfig
 from mismatch.results import read_results, run_id
-from mismatch.rollout import read_prompts
+from mismatch.model.generate import read_prompts
 from mismatch.sweep.tasks import Task, read_ledger
 
 COSTS_FILE = "sweep_costs.json"

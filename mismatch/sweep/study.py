@@ -43,7 +43,7 @@ from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import make_config
 from mismatch.pairs.registry import PAIRS, pair_spec
-from mismatch.probe_runs import ProbeConfig
+from mismatch.probes.runs import ProbeConfig
 from mismatch.files import read_toml
 
 STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",

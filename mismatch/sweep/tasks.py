@@ -23,10 +23,10 @@ import torch
 
 from mismatch.files import atomic_write_text
 from mismatch.hashing import content_hash
-from mismatch.models import sha256_file
+from mismatch.model.loader import sha256_file
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all, run_columns
-from mismatch.probe_runs import ProbeConfig, model_digests, run_probes
+from mismatch.probes.runs import ProbeConfig, model_digests, run_probes
 from mismatch.version import __version__
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)

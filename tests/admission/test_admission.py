@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 import mismatch
 from mismatch.admission import Thresholds, check
 from mismatch.admission.checker import combine_status, decide
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.errors import InputError
-from mismatch.models import LM
-from mismatch.rollout import generate
+from mismatch.model.loader import LM
+from mismatch.model.generate import generate
 
 PROMPTS = ["the cat sat", "a b c d e", "hello there", "sort 3 1 2"]
 

@@ -55,7 +55,7 @@ def test_a_tied_head_is_counted_once_and_quantized_with_all():
 def test_generation_speed_counts_the_generated_tokens():
     import torch
 
-    from mismatch.rollout import generate
+    from mismatch.model.generate import generate
 
     lm = mismatch.load("tiny-llama")
     prompts = ["a b c", "hello"]

@@ -9,9 +9,9 @@ import torch
 
 import mismatch
 from mismatch.engines.gguf_export import write_gguf
-from mismatch.models import LM
+from mismatch.model.loader import LM
 from mismatch.perturb import parse_spec
-from mismatch.rollout import generate
+from mismatch.model.generate import generate
 
 pytestmark = pytest.mark.engines
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is not installed (the engines extra: make engines)")

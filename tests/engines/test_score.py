@@ -14,12 +14,12 @@ import torch
 from typer.testing import CliRunner
 
 import mismatch
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.engines import EngineRollout, read_rollouts, score_rollouts, write_rollouts
 from mismatch.errors import InputError, VocabMismatchError
-from mismatch.models import LM
-from mismatch.rollout import sample
-from mismatch.tokenizer import vocab_fingerprint
+from mismatch.model.loader import LM
+from mismatch.model.generate import sample
+from mismatch.model.tokenizer import vocab_fingerprint
 
 PROMPTS = ["hello there", "abc", "the quick brown fox", "2+2="]
 TOPK = 5

@@ -19,9 +19,9 @@ from mismatch.opd.losses import (
     tis_weights,
     token_loss,
 )
-from mismatch.opd.recipe import loss_backward, teacher_hidden
-from mismatch.positions import position_ids
-from mismatch.rollout import sample
+from mismatch.opd.trainer import loss_backward, teacher_hidden
+from mismatch.model.positions import position_ids
+from mismatch.model.generate import sample
 
 
 def test_pg_rkl_value_and_gradient_by_hand():
@@ -179,7 +179,7 @@ def test_chunked_loss_backward_matches_direct_autograd_at_any_chunk_size(tiny, l
 def test_loss_backward_rows_per_pass_changes_no_bit(tiny, loss, monkeypatch):
     """The elementwise loss work runs `CACHE_ROWS` rows at a time after one head matmul per chunk:
     gradients, loss and log-probs equal those of one pass over each whole chunk, bit for bit."""
-    from mismatch.opd import recipe
+    from mismatch.opd import trainer as recipe
 
     student, teacher = copy.deepcopy(tiny("tiny-llama", 0).model), tiny("tiny-llama", 1).model
     rollout = sample(mismatch.LM(student, tiny("tiny-llama").tokenizer, "s"), ["ab", "hello", "xyz!", "q"],

@@ -5,7 +5,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.opd.verdict import final_value, verdict, verdict_table
 from mismatch.results import read_results
 

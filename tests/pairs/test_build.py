@@ -8,7 +8,7 @@ import torch
 
 from mismatch.pairs.build import BuildRecipe, ModelShape, _batch, _examples, init_model, parameter_count, train_pair
 from mismatch.pairs.registry import SYNTHETIC_RECIPES, TASKS
-from mismatch.tokenizer import byte_tokenizer
+from mismatch.model.tokenizer import byte_tokenizer
 
 
 def _short(name: str, **changes) -> BuildRecipe:

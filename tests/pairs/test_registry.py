@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 import mismatch
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.models import sha256_file
+from mismatch.model.loader import sha256_file
 from mismatch.pairs.build import parameter_count
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs import registry
@@ -25,7 +25,7 @@ from mismatch.pairs.registry import (
     register_pair_kind,
     toml_spec,
 )
-from mismatch.tokenizer import vocab_fingerprint
+from mismatch.model.tokenizer import vocab_fingerprint
 
 runner = CliRunner()
 PRESETS = ["qwen3-8b-to-1.7b", "qwen3-4b-to-0.6b", "llama3.1-8b-to-3.2-1b"]
@@ -97,7 +97,7 @@ def test_accuracy_counts_exact_matches(synthetic):
 def test_sampled_accuracy_scores_the_seeded_samples(synthetic):
     """sampled_accuracy: the exact-match share of the responses `generate` samples with that seed
     (scored here by string comparison), the same for the same seed, and greedy as temperature → 0."""
-    from mismatch.rollout import generate
+    from mismatch.model.generate import generate
 
     pair = synthetic["reverse-qwen3"]
     prompts = pair.prompts("held_out", 40, seed=5)
@@ -173,7 +173,7 @@ def test_toml_pair_loads_and_checks_its_vocabulary(tmp_path):
 
 @pytest.mark.smollm2
 def test_vocabulary_mismatch_is_a_clear_error(tmp_path, smollm2):
-    from mismatch.models import smollm2_checkpoint
+    from mismatch.model.loader import smollm2_checkpoint
 
     tiny = mismatch.load("tiny-llama")
     with pytest.raises(VocabMismatchError, match="different tokenizers"):

@@ -10,7 +10,7 @@ import pytest
 from mismatch.opd.config import OPDConfig
 from mismatch.report.engines import dynamic_table, static_table, twin_of, write_engines_report
 from mismatch.results import tidy
-from mismatch.tolerance import level_table, run_table
+from mismatch.opd.tolerance import level_table, run_table
 from tests.admission.test_thresholds import STAMP, _run
 
 T_975_2DF = 4.302652729911275  # two-sided 95% Student t, 2 degrees of freedom

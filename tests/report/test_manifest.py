@@ -6,8 +6,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from mismatch.cli import app
-from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.cli.app import app
+from mismatch.probes.runs import ProbeConfig, run_probes
 from mismatch.report.manifest import MANIFEST
 
 runner = CliRunner()

@@ -173,7 +173,7 @@ def test_a_run_that_did_not_finish_is_marked_unfinished_not_final(rows, tmp_path
     _, md = write_opd_report(cut, tmp_path)
     line = next(l for l in md.read_text().splitlines() if l.startswith("| sort-gpt2 | int4:group128"))
     assert line.endswith("| **unfinished at step 0 of 2** |")
-    from mismatch.tolerance import level_table, run_table
+    from mismatch.opd.tolerance import level_table, run_table
 
     assert "int4:group128" not in set(level_table(run_table(cut))["level"])
 
@@ -181,7 +181,7 @@ def test_a_run_that_did_not_finish_is_marked_unfinished_not_final(rows, tmp_path
 def test_a_run_whose_heldout_kl_ends_far_above_its_start_is_marked_diverged(rows, tmp_path):
     """The student collapsed (held-out KL 2.6 → 5.0, ×1.9 > 1.5): said in the status, wherever it is shown."""
     from mismatch.opd.verdict import diverged
-    from mismatch.tolerance import run_verdicts
+    from mismatch.opd.tolerance import run_verdicts
 
     collapsed = pd.concat([rows, _run(_with(rollout="fp8-e4m3"), {0: 2.6, 2: 5.0}, {0: 0.27, 2: 0.0}, [0.1, 0.1])],
                           ignore_index=True)

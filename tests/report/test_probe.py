@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mismatch.probe_runs import ProbeConfig, run_probes
+from mismatch.probes.runs import ProbeConfig, run_probes
 from mismatch.report import report
 from mismatch.report.probe import (
     isolation_map,

@@ -30,7 +30,7 @@ def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynami
     import warnings
 
     from mismatch.report.sweep import write_sweep_report
-    from tests.test_tolerance import BASE, _run
+    from tests.opd.test_tolerance import BASE, _run
 
     frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40, 1.0) for s in range(2) for r in ("none", "fp8-e4m3")]
     rows = pd.concat([*frames, _probe("sort-gpt2:student", 0.02)], ignore_index=True)

@@ -38,12 +38,12 @@ batch_size = 64
 
 @pytest.fixture
 def study(tmp_path, monkeypatch):
-    import mismatch.models
+    import mismatch.model.loader
 
     def no_loading(*args, **kwargs):
         raise AssertionError("planning must not load a model")
 
-    monkeypatch.setattr(mismatch.models, "load", no_loading)
+    monkeypatch.setattr(mismatch.model.loader, "load", no_loading)
     (tmp_path / "p.txt").write_text("one\ntwo\nthree\n")
     (tmp_path / "tiny.toml").write_text(STUDY)
     return load_study(tmp_path / "tiny.toml")
@@ -126,7 +126,7 @@ def test_a_rollout_that_trains_exactly_as_clean_is_planned_as_the_clean_run():
 def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
     from typer.testing import CliRunner
 
-    from mismatch.cli import app
+    from mismatch.cli.app import app
     from mismatch.sweep import task_label
 
     res = CliRunner().invoke(app, ["sweep", str(study.path), "--out", str(tmp_path / "o"), "--dry-run"],

@@ -12,8 +12,8 @@ torch.set_num_threads(1)
 import mismatch
 from mismatch.opd import recipe
 from mismatch.opd.config import OPDConfig, lr_factor
-from mismatch.layout import Head, logprob_chunks
-from mismatch.models import LM
+from mismatch.model.head import Head, logprob_chunks
+from mismatch.model.loader import LM
 
 p = argparse.ArgumentParser()
 p.add_argument("--tag", required=True)

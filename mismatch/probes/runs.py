@@ -20,18 +20,18 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.errors import InputError
-from mismatch.layout import model_layout
-from mismatch.models import LM, parse_dtype, weights_digest
+from mismatch.model.layout import model_layout
+from mismatch.model.loader import LM, parse_dtype, weights_digest
 from mismatch.pairs.registry import load_member, member_spec
 from mismatch.engines.llamacpp import open_engine
 from mismatch.perturb.external import require_engines
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.perturb.configs import EngineConfig
 from mismatch.perturb.scope import first_block
-from mismatch.probes import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
+from mismatch.probes.core import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
                              reference)
 from mismatch.results import ResultsWriter, provenance, tidy
-from mismatch.rollout import Batch, generate, read_prompts, teacher_forced
+from mismatch.model.generate import Batch, generate, read_prompts, teacher_forced
 
 MEMORY_BUDGET_BYTES = 2 << 30  # per optional reference-side cache (log-probs, block outputs)
 Status = Callable[[str], None]
@@ -165,7 +165,7 @@ def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:
 
 def model_digests(config: ProbeConfig) -> dict[str, str | None]:
     """`reference_sha256` and `candidate_sha256` (None without a candidate model): digests of the
-    weights the probe loads (`mismatch.models.weights_digest`), part of its runs' ids."""
+    weights the probe loads (`mismatch.model.loader.weights_digest`), part of its runs' ids."""
     return {"reference_sha256": weights_digest(member_spec(config.reference)),
             "candidate_sha256": weights_digest(member_spec(config.candidate)) if config.candidate else None}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mismatch
-from mismatch import models
+from mismatch.model import loader as models
 from mismatch.errors import InputError, ModelNotAvailableError
 from tests.conftest import FAMILIES, MOE_FAMILIES
 
@@ -132,7 +132,7 @@ def test_vocab_fingerprint_is_remembered_until_the_vocabulary_grows():
     import hashlib
     import json
 
-    from mismatch.tokenizer import byte_tokenizer, vocab_fingerprint
+    from mismatch.model.tokenizer import byte_tokenizer, vocab_fingerprint
 
     tok = byte_tokenizer()
     direct = lambda t: hashlib.sha256(json.dumps(sorted(t.get_vocab().items(), key=lambda kv: kv[1]),  # noqa: E731
@@ -157,7 +157,7 @@ def test_loading_and_saving_print_no_progress_bars_and_leave_the_callers_setting
     caller's own progress-bar setting is as it was afterwards."""
     from transformers.utils import logging as hf_logging
 
-    from mismatch.opd.recipe import save_student
+    from mismatch.opd.trainer import save_student
 
     hf_logging.enable_progress_bar()
     lm = mismatch.load("sort-gpt2:student")

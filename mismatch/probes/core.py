@@ -15,7 +15,7 @@ candidate perturbed in place (the same model object) cannot leak into it.
 
 Mixture-of-experts models add one per-layer metric, `router_topk_agree`, on the row of each MoE
 block (`layers.i`): the share of scored tokens whose selected expert set (the router's top-k, as the
-experts receive it, `mismatch.moe.capture_routing`) is the same for candidate and reference, at the
+experts receive it, `mismatch.model.moe.capture_routing`) is the same for candidate and reference, at the
 positions predicting them (the rows of the hidden-state metrics). It is 1 exactly for identical
 models; expert-routing flips are the MoE-specific mismatch that routing replay removes. Other rows
 hold NaN there (dense blocks, the embedding, the final norm).
@@ -34,14 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.layout import (CACHE_ROWS, Head, HeadInputs, Layout, head_inputs, logprob_chunks, model_layout,
-                             replay_prefix, token_chunks)
+from mismatch.model.head import CACHE_ROWS, Head, HeadInputs, head_inputs, logprob_chunks, token_chunks
+from mismatch.model.layout import Layout, model_layout, replay_prefix
 from mismatch.metrics import summarize, token_metrics_
-from mismatch.models import LM, context_length
-from mismatch.moe import capture_routing, routed_blocks
+from mismatch.model.loader import LM, context_length
+from mismatch.model.moe import capture_routing, routed_blocks
 from mismatch.perturb import active_perturbations
-from mismatch.positions import position_ids, response_index, scorable
-from mismatch.tokenizer import vocab_fingerprint
+from mismatch.model.positions import position_ids, response_index, scorable
+from mismatch.model.tokenizer import vocab_fingerprint
 
 DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from mismatch.errors import InputError
-from mismatch.layout import model_layout
+from mismatch.model.layout import model_layout
 
 ROUTER_NAMES = ("gate", "router")  # what transformers' MoE blocks call their router
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mismatch.decode import MIN_PACKED_ELEMENTS, onednn_available, packable, packed_linears
-from mismatch.models import LM
-from mismatch.rollout import generate
-from mismatch.tokenizer import byte_tokenizer
+from mismatch.model.packed_linear import MIN_PACKED_ELEMENTS, onednn_available, packable, packed_linears
+from mismatch.model.loader import LM
+from mismatch.model.generate import generate
+from mismatch.model.tokenizer import byte_tokenizer
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear ops")
 

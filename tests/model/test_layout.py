@@ -6,18 +6,9 @@ import torch
 
 import mismatch
 from mismatch.errors import InputError
-from mismatch.layout import (
-    Head,
-    capture,
-    head_inputs,
-    is_identity_warp,
-    logprob_chunks,
-    model_layout,
-    replay_prefix,
-    token_chunks,
-    warp,
-)
-from mismatch.positions import position_ids, response_index, scorable
+from mismatch.model.head import Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks, warp
+from mismatch.model.layout import capture, model_layout, replay_prefix
+from mismatch.model.positions import position_ids, response_index, scorable
 from tests.conftest import FAMILIES, random_ids
 
 BLOCKS = {"tiny-llama": ("model.layers", "model.norm"), "tiny-qwen3": ("model.layers", "model.norm"),

@@ -2,7 +2,7 @@
 
 import math
 
-from mismatch.console import recipe_text
+from mismatch.cli.tables import recipe_text
 
 
 def test_a_recipe_of_a_format_without_stored_bits_prints_no_nan():
@@ -20,7 +20,7 @@ def test_progress_off_a_terminal_is_plain_lines():
 
     from rich.console import Console
 
-    from mismatch.console import Bars
+    from mismatch.cli.tables import Bars
 
     buffer = io.StringIO()
     with Bars(Console(file=buffer, force_terminal=False), every=3600) as bars:

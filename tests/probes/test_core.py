@@ -23,7 +23,7 @@ SUMMARY_KEYS = {"tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p90", "kl_fwd_p99
 # ---------------------------------------------------------------- slow reference implementation
 
 def _family_modules(model):
-    """Explicit, per-family module names: independent of mismatch.layout's discovery."""
+    """Explicit, per-family module names: independent of mismatch.model.layout's discovery."""
     if hasattr(model, "transformer"):  # GPT-2
         t = model.transformer
         return [t.wte, *t.h, t.ln_f]
@@ -388,7 +388,7 @@ def test_isolation_prefix_replay_is_bit_identical_and_skips_unchanged_blocks(tin
     blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
     for i, block in enumerate(blocks):
         block.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
-    replay_ref.block_states = mismatch.probes._block_states(mismatch.layout.model_layout(model))  # with our hooks
+    replay_ref.block_states = mismatch.probes.core._block_states(mismatch.model.layout.model_layout(model))  # with our hooks
     for i in range(n):
         calls[:] = [0] * n
         with mismatch.perturbed(model, "int4:group128", layers=str(i)) as cand:
@@ -467,7 +467,7 @@ def test_router_topk_agree_equals_a_direct_computation_of_the_top_k_sets(tiny, f
 
 
 def test_router_rows_are_stored_only_for_moe_layers(tiny):
-    from mismatch.probe_runs import rows_of
+    from mismatch.probes.runs import rows_of
 
     moe, dense = tiny("tiny-qwen3-moe"), tiny("tiny-llama")
     ids = random_ids(2, 9)

@@ -21,8 +21,8 @@ from typing import Annotated
 
 import typer
 
-from mismatch import cli_check, cli_engines
-from mismatch.cli_common import AccTol, Force, KlTol, Out, Overwrite, command, err, out
+from mismatch.cli import check as cli_check, engines as cli_engines
+from mismatch.cli.common import AccTol, Force, KlTol, Out, Overwrite, command, err, out
 
 # The library (torch, transformers, …) is imported inside each command, so `--help` and a usage error
 # cost only typer's start-up (benchmarks/bench_cli.py).
@@ -61,8 +61,8 @@ def main() -> None:
 @command(app)
 def models() -> None:
     """List the built-in model specs (any local HF directory or cached hub id works too)."""
-    from mismatch import console
-    from mismatch.models import list_models
+    from mismatch.cli import tables as console
+    from mismatch.model.loader import list_models
 
     out.print(console.models_table(list_models()))
 
@@ -93,8 +93,8 @@ def probe(
     overwrite: Overwrite = False,
 ) -> None:
     """Probe how far a candidate's next-token distributions are from REFERENCE's."""
-    from mismatch import console
-    from mismatch.probe_runs import ProbeConfig, run_probes
+    from mismatch.cli import tables as console
+    from mismatch.probes.runs import ProbeConfig, run_probes
 
     config = ProbeConfig(reference=reference, candidate=candidate, perturb=tuple(perturb or ()), layers=layers,
                          each_layer=each_layer, prompts=None if prompts is None else str(prompts),
@@ -131,8 +131,9 @@ def opd(
     save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
-    from mismatch import console, opd as opd_lib
-    from mismatch.tolerance import run_verdicts
+    from mismatch.cli import tables as console
+    from mismatch import opd as opd_lib
+    from mismatch.opd.tolerance import run_verdicts
 
     base = opd_lib.make_config(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
                                batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
@@ -150,7 +151,8 @@ def opd(
 @pairs_app.callback()
 def pairs(ctx: typer.Context) -> None:
     """List every pair: kind, architecture, sizes, task, whether it loads here."""
-    from mismatch import console, pairs as pairs_lib
+    from mismatch.cli import tables as console
+    from mismatch import pairs as pairs_lib
 
     if ctx.invoked_subcommand is None:
         rows = pairs_lib.describe_pairs()
@@ -162,7 +164,8 @@ def pairs(ctx: typer.Context) -> None:
 @command(pairs_app, "show")
 def pairs_show(name: Annotated[str, typer.Argument(help="A pair name or a path to a pair .toml file.")]) -> None:
     """Load one pair (checking that student and teacher share a vocabulary) and describe it."""
-    from mismatch import console, pairs as pairs_lib
+    from mismatch.cli import tables as console
+    from mismatch import pairs as pairs_lib
 
     with err.status(f"loading {name}…"):
         pair = pairs_lib.load_pair(name)
@@ -175,7 +178,8 @@ def pairs_build(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Build here, not in the cache (one pair).")] = None,
 ) -> None:
     """Train synthetic pairs from scratch (deterministic; minutes on 2 cores) and report accuracies."""
-    from mismatch import console, pairs as pairs_lib
+    from mismatch.cli import tables as console
+    from mismatch import pairs as pairs_lib
 
     for pair_name in pairs_lib.build_targets(name, out_dir):
         with console.Bars(err) as bars:
@@ -195,7 +199,8 @@ def sweep(
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (auto or HOST:PORT).")] = None,
 ) -> None:
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
-    from mismatch import console, sweep as sweep_lib
+    from mismatch.cli import tables as console
+    from mismatch import sweep as sweep_lib
     from mismatch.sweep.estimate import estimates
 
     plan = sweep_lib.load_study(study)
@@ -217,7 +222,7 @@ def report(
     force: Force = False,
 ) -> None:
     """Write Markdown tables and plots from results (probe: summary.md + plots; OPD: curves + verdicts)."""
-    from mismatch import console
+    from mismatch.cli import tables as console
     from mismatch.report import report as write_report
 
     console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, force=force))

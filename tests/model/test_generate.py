@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mismatch.errors import InputError
-from mismatch.rollout import encode, generate, read_prompts, teacher_forced
+from mismatch.model.generate import encode, generate, read_prompts, teacher_forced
 
 
 def _manual_greedy(model, prompt_ids, steps, eos):
@@ -90,7 +90,7 @@ def test_bad_prompts(tiny, tmp_path):
 
 @pytest.mark.smollm2
 def test_context_turns_precede_the_prompt(smollm2):
-    from mismatch.rollout import encode
+    from mismatch.model.generate import encode
 
     tok = smollm2.tokenizer
     context = (("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."))
@@ -107,7 +107,7 @@ def test_context_turns_precede_the_prompt(smollm2):
 
 
 def test_responses_decode_up_to_eos(tiny):
-    from mismatch.rollout import Batch, responses
+    from mismatch.model.generate import Batch, responses
 
     lm = tiny("tiny-llama")
     tok = lm.tokenizer
@@ -121,7 +121,7 @@ def test_responses_decode_up_to_eos(tiny):
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, None), (0.7, None), (1.0, 0.8)])
 def test_sample_returns_the_rollout_models_own_logprobs(tiny, temperature, top_p):
-    from mismatch.rollout import sample
+    from mismatch.model.generate import sample
 
     lm = tiny("tiny-qwen3")
     prompts = ["ab", "hello there", "x"]
@@ -156,7 +156,7 @@ def test_sample_returns_the_rollout_models_own_logprobs(tiny, temperature, top_p
 
 
 def test_reprompt_keeps_the_response_tokens_after_other_prompts(tiny):
-    from mismatch.rollout import reprompt
+    from mismatch.model.generate import reprompt
 
     lm = tiny("tiny-llama")
     batch = generate(lm, ["ab", "hello"], max_new_tokens=5, temperature=1.0, seed=4)

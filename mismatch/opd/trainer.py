@@ -32,17 +32,17 @@ import torch
 
 from mismatch.engines.llamacpp import engine_rollout
 from mismatch.errors import InputError, NumericsError
-from mismatch.layout import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
+from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
-from mismatch.models import LM, quiet_loading
+from mismatch.model.loader import LM, quiet_loading
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
 from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
 from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
-from mismatch.positions import response_index
-from mismatch.rollout import Batch, Rollout, encode, generate, reprompt, sample, token_logprobs
+from mismatch.model.positions import response_index
+from mismatch.model.generate import Batch, Rollout, encode, generate, reprompt, sample, token_logprobs
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli_common import err, out
+from mismatch.cli.common import err, out
 
 
 def score_rollouts(
@@ -21,7 +21,7 @@ def score_rollouts(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced."""
-    from mismatch import console
+    from mismatch.cli import tables as console
     from mismatch.engines import score_rollouts as score_lib
 
     with err.status(f"scoring {rollouts} with {model}…"):

@@ -40,7 +40,7 @@ def command(group: typer.Typer, name: str | None = None):
     def register(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            from mismatch.models import quiet_transformers  # the library loads once a command runs
+            from mismatch.model.loader import quiet_transformers  # the library loads once a command runs
 
             quiet_transformers()
             try:

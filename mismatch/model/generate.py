@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from mismatch.decode import packed_linears
+from mismatch.model.packed_linear import packed_linears
 from mismatch.errors import InputError
 from mismatch.files import read_text
-from mismatch.layout import Head, head_inputs, logprob_chunks
-from mismatch.models import LM
-from mismatch.positions import response_index, scorable
+from mismatch.model.head import Head, head_inputs, logprob_chunks
+from mismatch.model.loader import LM
+from mismatch.model.positions import response_index, scorable
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def generate(
         A `Batch` whose `response_mask` marks the generated tokens up to and including the first EOS.
 
     Large linear layers decode through oneDNN on packed weights: logits within
-    fp32 rounding of the default path, 1.4× faster decoding on SmolLM2 here (`mismatch.decode`).
+    fp32 rounding of the default path, 1.4× faster decoding on SmolLM2 here (`mismatch.model.packed_linear`).
     """
     if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
         raise InputError(f"need 1 ≤ max_new_tokens and 0 ≤ min_new_tokens ≤ max_new_tokens, "

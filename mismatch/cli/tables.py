@@ -1,23 +1,27 @@
 """Rich tables the CLI prints: pure functions from library results to `rich.table.Table`s.
 
-Kept apart from `cli.py` so that the CLI reads as options → one library call → print.
+Kept apart from the command modules so that each reads as options → one library call → print. Imported
+inside the commands (it pulls in the library), never at the CLI's start-up.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mismatch.models import context_length
+from mismatch.model.loader import context_length
 from mismatch.pairs.build import parameter_count
-from mismatch.probe_runs import CandidateResult, ProbeConfig
+from mismatch.probes.runs import CandidateResult, ProbeConfig
 from mismatch.sweep import Study, SweepReport, task_label
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PLAIN_EVERY_S = 30.0  # off a terminal, a progress line at most this often per bar (plus its start and end)
 SUMMARY_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "kl_fwd_max", "tv_mean", "top1_agree", "logp_abs_diff_mean",
@@ -101,7 +105,7 @@ def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
 
 
 def verdict_table(table: pd.DataFrame, *, title: str, kl_tol: float, acc_tol: float, baseline: bool) -> Table:
-    """`mismatch.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
+    """`mismatch.opd.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
     level's over the seeds given: one seed is `uncertain`) when it has a clean baseline."""
     columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
     if baseline:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli_common import AccTol, KlTol, err, out
+from mismatch.cli.common import AccTol, KlTol, err, out
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 
@@ -32,7 +32,8 @@ def check(
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
     Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
-    from mismatch import admission as admission_lib, console
+    from mismatch import admission as admission_lib
+    from mismatch.cli import tables as console
 
     with err.status(f"checking {rollout or rollouts} on {model}…"):
         admission = admission_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
@@ -55,7 +56,8 @@ def thresholds(
     acc_tol: AccTol = 0.02,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
-    from mismatch import admission as admission_lib, console
+    from mismatch import admission as admission_lib
+    from mismatch.cli import tables as console
     from mismatch.files import check_writable
 
     check_writable(out_path, "--out", folder=False)  # before the fit, not after it

@@ -8,13 +8,13 @@ from typer.testing import CliRunner
 
 import mismatch
 from mismatch.errors import InputError
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.opd import OPDConfig, train
 from mismatch.opd.losses import tis_weights
 from mismatch.opd.config import lr_factor
-from mismatch.opd.recipe import loss_backward, teacher_hidden
+from mismatch.opd.trainer import loss_backward, teacher_hidden
 from mismatch.results import read_results
-from mismatch.rollout import sample
+from mismatch.model.generate import sample
 
 runner = CliRunner()
 SHORT = dict(pair="reverse-qwen3", steps=3, batch_size=8, eval_every=3, eval_prompts=16, train_prompts=256)
@@ -95,7 +95,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 
 def test_interrupted_run_keeps_its_rows(tmp_path, monkeypatch):
-    from mismatch.opd import recipe
+    from mismatch.opd import trainer as recipe
 
     calls = {"n": 0}
     real = recipe.loss_backward
@@ -203,9 +203,9 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
     """`heldout_rkl` against a direct computation: the same samples (same seed), full logits of both
     models in float64, Σ_v π_S (log π_S − log π_T) per response token, averaged. The forward KL on
     the same tokens is far from it, so the test tells the two apart."""
-    from mismatch.opd.recipe import heldout_rkl
-    from mismatch.positions import position_ids
-    from mismatch.rollout import generate
+    from mismatch.opd.trainer import heldout_rkl
+    from mismatch.model.positions import position_ids
+    from mismatch.model.generate import generate
 
     pair = mismatch.load_pair("sort-gpt2")
     assert pair.student_context == pair.teacher_context  # the teacher scores the same batch

@@ -5,7 +5,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from mismatch.cli import app
+from mismatch.cli.app import app
 from mismatch.results import read_results, summaries
 
 runner = CliRunner()
@@ -20,7 +20,7 @@ def test_models_lists_builtins():
 
 def test_probe_writes_rows_with_specs_and_matches_api(tmp_path):
     import mismatch
-    from mismatch.rollout import teacher_forced
+    from mismatch.model.generate import teacher_forced
 
     out = tmp_path / "r.parquet"
     res = runner.invoke(app, ["probe", "tiny-llama", "tiny-llama", "--cand-dtype", "bf16",
@@ -123,7 +123,7 @@ def test_smollm2_against_itself_is_exactly_zero(tmp_path):
 def test_perturb_runs_every_spec_against_one_reference(tmp_path):
     import mismatch
     from mismatch.perturb import perturbed
-    from mismatch.rollout import teacher_forced
+    from mismatch.model.generate import teacher_forced
 
     out = tmp_path / "p.parquet"
     res = runner.invoke(app, ["probe", "tiny-llama", "--perturb", "fp8-e4m3:channel", "--perturb", "noise:0.01",
@@ -147,7 +147,7 @@ def test_each_layer_writes_one_run_per_block(tmp_path):
     with only that block perturbed (the prefix replay changes no number)."""
     import mismatch
     from mismatch.perturb import perturbed
-    from mismatch.rollout import teacher_forced
+    from mismatch.model.generate import teacher_forced
 
     out = tmp_path / "map"
     res = runner.invoke(app, ["probe", "tiny-gpt2", "--perturb", "int4:group128", "--each-layer", "--no-per-layer",
@@ -217,7 +217,7 @@ def test_every_file_problem_is_one_line(bad_files, args, message):
 
 def _main(monkeypatch, capsys, *argv):
     """The console script `mismatch ARGV…` in this process: (exit code, stderr)."""
-    from mismatch.cli import main
+    from mismatch.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["mismatch", *argv])
     with pytest.raises(SystemExit) as done:
