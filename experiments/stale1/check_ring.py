@@ -4,7 +4,7 @@ weights after s-1-K updates; tie intact, buffers equal, eval mode, generation co
 import sys, copy, dataclasses, torch
 torch.set_num_threads(1)
 import mismatch
-from mismatch.opd import recipe
+from mismatch.opd import trainer as recipe
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.ring import RolloutCopy
 

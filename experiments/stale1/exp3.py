@@ -10,7 +10,7 @@ import argparse, copy, dataclasses, json, math, os, sys, time
 import torch
 torch.set_num_threads(1)
 import mismatch
-from mismatch.opd import recipe
+from mismatch.opd import trainer as recipe
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.model.head import Head, logprob_chunks
 from mismatch.model.loader import LM
