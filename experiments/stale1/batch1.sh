@@ -1,6 +1,6 @@
 #!/bin/bash
-cd /tmp/stale_wt
-R=investigation/run.sh
+cd "$(dirname "$0")/../.."  # the repository root
+R=experiments/stale1/run.sh
 $R stale1_s0 --rollout stale:1 --seed 0
 $R clean_s0_off1 --sample-offset 1
 $R clean_s1 --seed 1

@@ -1,7 +1,7 @@
 #!/bin/bash
-cd /tmp/stale_wt
-while pgrep -f "investigation/batch1.sh" >/dev/null; do sleep 5; done
-R=investigation/run.sh
+cd "$(dirname "$0")/../.."  # the repository root
+while pgrep -f "experiments/stale1/batch1.sh" >/dev/null; do sleep 5; done
+R=experiments/stale1/run.sh
 $R lead_s0 --synthetic lead --seed 0
 $R rand_s0 --synthetic rand --seed 0
 $R stale1_s0_diag --rollout stale:1 --seed 0 --diag-every 20

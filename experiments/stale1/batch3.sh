@@ -1,7 +1,7 @@
 #!/bin/bash
-cd /tmp/stale_wt
-while pgrep -f "investigation/batch2.sh" >/dev/null; do sleep 5; done
-R=investigation/run.sh
+cd "$(dirname "$0")/../.."  # the repository root
+while pgrep -f "experiments/stale1/batch2.sh" >/dev/null; do sleep 5; done
+R=experiments/stale1/run.sh
 $R lead_s2 --synthetic lead --seed 2
 $R b05_clean_s0 --beta1 0.5 --seed 0
 $R b05_stale1_s0 --beta1 0.5 --rollout stale:1 --seed 0

@@ -1,7 +1,7 @@
 #!/bin/bash
-cd /tmp/stale_wt
+cd "$(dirname "$0")/../.."  # the repository root
 while pgrep -f "exp3.py --tag lead_s2" >/dev/null; do sleep 3; done
-R=investigation/run.sh
+R=experiments/stale1/run.sh
 $R b1z_lr2e-4_clean_s0 --beta1 0 --lr 2e-4 --seed 0
 $R b1z_lr2e-4_stale1_s0 --beta1 0 --lr 2e-4 --rollout stale:1 --seed 0
 $R b05_clean_s0 --beta1 0.5 --seed 0

@@ -1,6 +1,6 @@
 import json, sys, statistics as st
 for tag in sys.argv[1:]:
-    r = json.load(open(f"investigation/runs/{tag}.json"))
+    r = json.load(open(f"experiments/stale1/runs/{tag}.json"))
     acc = r["acc_curve"]; rkl = r["rkl_curve"]; sk = r["step_kl"]; mk = r["series"]["mismatch_kl"]
     def win(d, lo, hi): 
         v = [d[str(s)] for s in range(lo, hi + 1) if str(s) in d]; return st.mean(v)

@@ -4,7 +4,7 @@ Records per step: the library's metrics plus `step_kl` = full-vocabulary KL(π_b
 of the student's update, averaged over the step's rollout prefixes. Optional: AdamW β1, rollout
 sampling-seed offset (a clean run with other samples: the trajectory-noise control), gradient
 diagnostics every `--diag-every` steps (fresh vs 1-step-stale batches, see `diag`).
-Writes investigation/runs/<tag>.json.
+Writes experiments/stale1/runs/<tag>.json.
 """
 import argparse, copy, dataclasses, json, math, os, sys, time
 import torch
@@ -174,8 +174,8 @@ res = {"args": vars(a), "config": dataclasses.asdict(cfg), "final": final, "wall
        "acc_curve": series["heldout_accuracy"], "rkl_curve": series["heldout_rkl"],
        "series": {m: series[m] for m in ("loss", "lr", "grad_norm", "mismatch_kl", "tokens")},
        **extra}
-os.makedirs("investigation/runs", exist_ok=True)
-json.dump(res, open(f"investigation/runs/{a.tag}.json", "w"))
+os.makedirs("experiments/stale1/runs", exist_ok=True)
+json.dump(res, open(f"experiments/stale1/runs/{a.tag}.json", "w"))
 print(f"RESULT {a.tag} acc={final['heldout_accuracy']:.4f} rkl={final['heldout_rkl']:.4f} "
       f"greedy={final['heldout_greedy_accuracy']:.4f} mkl={res['mismatch_kl_mean']:.4f} wall={wall:.0f}s")
 print("acc curve", {k: round(v, 3) for k, v in series["heldout_accuracy"].items()})

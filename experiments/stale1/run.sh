@@ -1,5 +1,5 @@
 #!/bin/bash
-# usage: investigation/run.sh TAG [exp3.py args...]
-cd /tmp/stale_wt
-PYTHONPATH=/tmp/stale_wt HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /work/main/.venv/bin/python investigation/exp3.py --tag "$@" > investigation/logs/$1.log 2>&1
-grep RESULT investigation/logs/$1.log
+# usage: experiments/stale1/run.sh TAG [exp3.py args...]
+cd "$(dirname "$0")/../.."  # the repository root
+HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 .venv/bin/python experiments/stale1/exp3.py --tag "$@" > experiments/stale1/logs/$1.log 2>&1
+grep RESULT experiments/stale1/logs/$1.log

@@ -1,7 +1,7 @@
-"""Summary table of investigation/runs/*.json: final held-out sampled accuracy, rKL, mean mismatch_kl,
+"""Summary table of experiments/stale1/runs/*.json: final held-out sampled accuracy, rKL, mean mismatch_kl,
 mean step_kl (steps 1-40), Δ vs the matched clean run (same seed, lr, β1, warm-up)."""
 import json, glob, os, statistics as st
-runs = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob("investigation/runs/*.json"))}
+runs = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob("experiments/stale1/runs/*.json"))}
 def key(r):
     a = r["args"]; return (a["seed"], a["lr"], a.get("beta1"), a["warmup"], a["steps"], a["eval_prompts"], a["batch"])
 clean = {}
