@@ -1,6 +1,6 @@
 """Per-token divergence metrics of one chunk of tokens, and their summary statistics.
 
-Definitions are fixed in DESIGN.md (natural log, nats, fp32 full vocabulary). Beside them,
+Definitions are fixed in docs/design.md (natural log, nats, fp32 full vocabulary). Beside them,
 the summary carries what RL frameworks log for rollout/training mismatch: `chi2_token` = E[r²] − 1
 (verl's), `is_ess` = 1/E[(r/E r)²] (Kong's effective sample size of the untruncated ratios; verl's
 `rollout_is_eff_sample_size` is of TIS-truncated weights, another number), `dp_rms` = RMS of
@@ -29,7 +29,7 @@ ESS_EPS = 1e-8  # verl normalises the IS weights by (mean + 1e-8) for the ESS
 def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_C: torch.Tensor, *,
                    ref_shared: bool = False, argmax_ref_C: torch.Tensor | None = None
                    ) -> dict[str, torch.Tensor]:
-    """Per-token divergences of one chunk of tokens (DESIGN.md definitions), each `[C]`.
+    """Per-token divergences of one chunk of tokens (docs/design.md definitions), each `[C]`.
 
     Takes fp32 log-probabilities `log p`, `log q` (`[C, V]`, from `log_softmax` of the reference
     and candidate logits) and the scored tokens `y` (`[C]`):
@@ -68,7 +68,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
     their sequences (`[N]`), in float64: what an engine's rollout dump supports
     (`mismatch.engines.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
     k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, seq_log_ratio_abs_mean, ppl_cand_over_ref,
-    chi2_token, is_ess, dp_rms (DESIGN.md, and this module's docstring)."""
+    chi2_token, is_ess, dp_rms (docs/design.md, and this module's docstring)."""
     lp, lq = logp_ref_N.double(), logp_cand_N.double()
     log_r = lp - lq
     r = log_r.exp()
@@ -91,7 +91,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
 
 
 def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) -> dict[str, float]:
-    """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: DESIGN.md."""
+    """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: docs/design.md."""
     t = {k: v.double() for k, v in tok.items()}
     kl = t["kl_fwd"]
     q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64)

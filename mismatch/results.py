@@ -9,7 +9,7 @@ Schema (one row per run × level × item × metric; lm-eval's result schema does
 | `level` | `summary`, `layer`, `token` (probe) or `step` (opd) |
 | `step` | OPD optimizer step (null for probes) |
 | `seq`, `pos`, `token` / `layer`, `index` | the item of token / layer rows (null elsewhere) |
-| `metric`, `value` | a metric name (DESIGN.md, `mismatch.opd.train`) and its value as float |
+| `metric`, `value` | a metric name (docs/design.md, `mismatch.opd.train`) and its value as float |
 | config columns | the run's configuration, one column per field (a probe's reference, candidate, dtypes, perturb, layers, …; an OPD run's `OPDConfig` fields) |
 | provenance | `mismatch_version`, `torch_version`, `transformers_version`, `git_sha`, `torch_threads`, `timestamp` (UTC) |
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import mismatch
-from mismatch.engines import EngineRollout, write_rollouts
+from mismatch.engines import DumpRecord, write_rollouts
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
@@ -37,7 +37,7 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lm = mismatch.load("tiny-llama")
     ids = lm.tokenizer("hello there, general")["input_ids"]
-    write_rollouts(tmp_path / "rollouts.jsonl", [EngineRollout(tuple(ids[:3]), tuple(ids[3:]), (-1.0,) * (len(ids) - 3))])
+    write_rollouts(tmp_path / "rollouts.jsonl", [DumpRecord(tuple(ids[:3]), tuple(ids[3:]), (-1.0,) * (len(ids) - 3))])
     return tmp_path
 
 

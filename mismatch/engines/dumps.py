@@ -45,7 +45,7 @@ META_KEY = "mismatch_rollouts"
 
 
 @dataclass(frozen=True)
-class EngineRollout:
+class DumpRecord:
     """One sampled response: token ids, the engine's log-prob of each response token (nats) and,
     where the engine gave them, its top-k log-probs per response position."""
 
@@ -58,10 +58,10 @@ class EngineRollout:
 
 
 @dataclass(frozen=True)
-class RolloutDump:
+class EngineDump:
     """The records of one dump, in file order, and its metadata."""
 
-    records: tuple[EngineRollout, ...]
+    records: tuple[DumpRecord, ...]
     source: str
     shapes: tuple[str, ...]  # the record shapes found
     meta: dict[str, Any] = field(default_factory=dict)
@@ -119,7 +119,7 @@ def _top_entry(e: Any, where: str, at: str) -> tuple[int, float]:
 
 
 def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None, text: str | None,
-            where: str, full: Any = None) -> EngineRollout:
+            where: str, full: Any = None) -> DumpRecord:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise InputError(f"{where}: no prompt token ids (a response needs at least one token before it)")
     if not isinstance(response, (list, tuple)) or not response:
@@ -137,15 +137,15 @@ def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None,
             raise InputError(f"{where}: {len(r_ids)} response tokens but {len(top)} top-k entries")
         # sorted by token id: the sums over them then do not depend on the engine's listing order
         tops = tuple(dict(sorted(_top(t, where, f"response position {i}").items())) for i, t in enumerate(top))
-    return EngineRollout(p_ids, r_ids, lps, tops, text, where)
+    return DumpRecord(p_ids, r_ids, lps, tops, text, where)
 
 
-def _ours(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+def _ours(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
     return [_record(rec.get("prompt_token_ids"), rec.get("response_token_ids"), list(rec.get("response_logprobs") or []),
                     rec.get("top_logprobs"), rec.get("response_text"), where, rec.get("token_ids"))]
 
 
-def _vllm(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+def _vllm(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
     out = []
     for j, o in enumerate(rec["outputs"]):
         w = f"{where}, output {j}"
@@ -166,7 +166,7 @@ def _vllm(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
     return out
 
 
-def _sglang(rec: dict, where: str, tokenizer) -> list[EngineRollout]:
+def _sglang(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
     meta = rec["meta_info"]
     ids, lps = [], []
     for i, e in enumerate(meta["output_token_logprobs"]):
@@ -204,7 +204,7 @@ def _openai_token(token: str, where: str, tokenizer, ids_of: dict) -> int:
     return found[0]
 
 
-def _openai(rec: dict, where: str, tokenizer, ids_of: dict | None = None) -> list[EngineRollout]:
+def _openai(rec: dict, where: str, tokenizer, ids_of: dict | None = None) -> list[DumpRecord]:
     ids_of = {} if ids_of is None else ids_of
     out = []
     for j, choice in enumerate(rec["choices"]):
@@ -233,7 +233,7 @@ SHAPES = {  # shape name → (is it this shape?, reader)
 }
 
 
-def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = None) -> tuple[str, list[EngineRollout]]:
+def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = None) -> tuple[str, list[DumpRecord]]:
     """The shape of one decoded record and its sequences (a vLLM or OpenAI record may hold several)."""
     if not isinstance(rec, dict):
         raise InputError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
@@ -296,7 +296,7 @@ def _parquet_records(path: Path) -> tuple[Any, list[tuple[str, Any]]]:
     return meta, [(f"record {i} (row {i})", rec) for i, rec in enumerate(records)]
 
 
-def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
+def read_rollouts(path: str | Path, tokenizer=None) -> EngineDump:
     """Read a rollout dump (JSONL, JSON array or parquet; shapes in this module's docstring).
 
     Args:
@@ -305,7 +305,7 @@ def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
             strings.
 
     Returns:
-        A `RolloutDump` whose records are validated: integer ids, a non-empty prompt and response,
+        An `EngineDump` whose records are validated: integer ids, a non-empty prompt and response,
         one finite log-prob ≤ 0 per response token.
 
     Raises:
@@ -330,10 +330,10 @@ def read_rollouts(path: str | Path, tokenizer=None) -> RolloutDump:
         out.extend(seqs)
     if not out:
         raise InputError(f"{path}: no rollout record")
-    return RolloutDump(tuple(out), str(path), tuple(dict.fromkeys(shapes)), meta)
+    return EngineDump(tuple(out), str(path), tuple(dict.fromkeys(shapes)), meta)
 
 
-def write_rollouts(path: str | Path, records: list[EngineRollout], meta: dict[str, Any] | None = None) -> Path:
+def write_rollouts(path: str | Path, records: list[DumpRecord], meta: dict[str, Any] | None = None) -> Path:
     """Write records in the mismatch schema: `.parquet`, else JSONL (a `{"meta": …}` first line).
     The file appears complete or not at all (written to a temporary name, then renamed)."""
     path = Path(path)

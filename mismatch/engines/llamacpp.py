@@ -30,7 +30,7 @@ from mismatch.model.loader import LM, cache_dir, context_length, smollm2_gguf_pa
 from mismatch.pairs.registry import member_spec
 from mismatch.perturb.external import LLAMA_CPP_MISSING
 from mismatch.probes.core import ExternalLM
-from mismatch.model.generate import Batch, Rollout, pad_id, prompt_batch
+from mismatch.model.generate import Batch, Samples, pad_id, prompt_batch
 
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML type ids of the KV cache
 
@@ -135,7 +135,7 @@ def open_engine(lm: LM, weights: str = "f32", kv: str = "f16", n_ctx: int | None
 
 
 def engine_rollout(engine: LlamaCpp, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int,
-                   chat: bool = False, context: tuple[tuple[str, str], ...] = ()) -> Rollout:
+                   chat: bool = False, context: tuple[tuple[str, str], ...] = ()) -> Samples:
     """One response per prompt sampled by llama.cpp, as a `Rollout` laid out like `rollout.sample`'s
     (prompts left-padded, responses right-padded, up to and including the first EOS) with llama.cpp's
     own log-prob of each response token. Prompt `i` is sampled with seed `seed + i` (mod 2³²)."""
@@ -153,4 +153,4 @@ def engine_rollout(engine: LlamaCpp, tokenizer, prompts: list[str], *, max_new_t
         logp[row, prompt_ids.shape[1]:prompt_ids.shape[1] + len(tokens)] = torch.tensor(lps, dtype=torch.float32)
     batch = Batch(torch.cat([prompt_ids, response], 1), torch.cat([prompt_attn, resp_mask], 1),
                   torch.cat([torch.zeros_like(prompt_attn), resp_mask], 1), tuple(prompts))
-    return Rollout(batch, logp)
+    return Samples(batch, logp)

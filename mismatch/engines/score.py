@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mismatch.engines.dumps import EngineRollout, RolloutDump, read_rollouts
+from mismatch.engines.dumps import DumpRecord, EngineDump, read_rollouts
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.files import check_writable
 from mismatch.model.head import Head, head_inputs, logprob_chunks
@@ -40,7 +40,7 @@ DOUBT_NATS = 3.0  # mean log q − log p per token above which a dump without a 
 REST_TOL = 1e-5  # a rest mass below this is rounding (fp32 log-probs of up to ~20 listed tokens): merged
 
 
-def check_dump(dump: RolloutDump, lm: LM, *, check_text: bool = True) -> None:
+def check_dump(dump: EngineDump, lm: LM, *, check_text: bool = True) -> None:
     """Raise a one-line error when `dump` cannot have come from `lm`'s tokenizer and context, or was
     not sampled at temperature 1: the metadata's vocabulary size or fingerprint differ or its
     `temperature` is not 1, a token id lies outside the vocabulary, a sequence is longer than the
@@ -82,7 +82,7 @@ def _meta_number(meta: dict, key: str, source: str) -> float:
         raise InputError(f"{source}: metadata {key} {str(meta[key])[:40]!r} is not a number") from None
 
 
-def _same_text(tokenizer, r: EngineRollout) -> bool:
+def _same_text(tokenizer, r: DumpRecord) -> bool:
     """Whether the engine's printed text is what the response ids decode to, or a prefix of it (a
     stop string may cut the text). The ids are decoded after the prompt, as engines detokenize, and
     with and without special tokens; leading whitespace is ignored (SentencePiece decoders drop
@@ -98,7 +98,7 @@ def _same_text(tokenizer, r: EngineRollout) -> bool:
     return False
 
 
-def _batches(records: tuple[EngineRollout, ...], batch_tokens: int) -> list[list[int]]:
+def _batches(records: tuple[DumpRecord, ...], batch_tokens: int) -> list[list[int]]:
     """Consecutive record indices, grouped so each group's padded size stays ≤ batch_tokens."""
     groups: list[list[int]] = []
     width = 0
@@ -156,7 +156,7 @@ def coarse_kl(logp_K: torch.Tensor, logq_K: torch.Tensor, mask_K: torch.Tensor, 
 
 
 @torch.no_grad()
-def _score_group(lm: LM, records: list[EngineRollout], first_seq: int, chunk_tokens: int) -> dict[str, torch.Tensor]:
+def _score_group(lm: LM, records: list[DumpRecord], first_seq: int, chunk_tokens: int) -> dict[str, torch.Tensor]:
     """Per-token columns of consecutive records, scored by `lm` in one forward pass."""
     B, T = len(records), max(len(r.prompt_ids) + len(r.response_ids) for r in records)
     ids = torch.full((B, T), pad_id(lm.tokenizer), dtype=torch.long)
@@ -199,7 +199,7 @@ def _score_group(lm: LM, records: list[EngineRollout], first_seq: int, chunk_tok
             "kl_fwd_topk": torch.where(has, kl_pq, nan), "kl_rev_topk": torch.where(has, kl_qp, nan)}
 
 
-def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip: float = 2.0,
+def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: float = 2.0,
                    check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS,
                    out: str | Path | None = None) -> ProbeResult:
     """Score an engine's sampled rollouts, with its own log-probs, against `model` teacher-forced.
@@ -207,7 +207,7 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
     Args:
         model: the trainer's checkpoint: anything `mismatch.load` takes, or an `LM`.
         rollouts: a dump file (`mismatch.engines.dumps`: JSONL/JSON/parquet in the mismatch schema or
-            as vLLM, SGLang or OpenAI-compatible servers emit it) or a `RolloutDump`.
+            as vLLM, SGLang or OpenAI-compatible servers emit it) or an `EngineDump`.
         clip: IS ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
         check_text: check that each response's ids decode to the text the engine printed.
         chunk_tokens, batch_tokens: rows per head matmul; padded tokens per forward pass.
@@ -231,7 +231,7 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
     if out is not None:
         check_writable(out, "per-token table", folder=False)
     lm = model if isinstance(model, LM) else load_member(model)
-    dump = rollouts if isinstance(rollouts, RolloutDump) else read_rollouts(rollouts, lm.tokenizer)
+    dump = rollouts if isinstance(rollouts, EngineDump) else read_rollouts(rollouts, lm.tokenizer)
     check_dump(dump, lm, check_text=check_text)
     parts, first = [], 0
     for group in _batches(dump.records, batch_tokens):
@@ -256,7 +256,7 @@ def score_rollouts(model: str | LM, rollouts: str | Path | RolloutDump, *, clip:
                        reference=lm.name, candidate=source, notes=_tokenizer_doubt(dump, lm, summary, check_text))
 
 
-def _tokenizer_doubt(dump: RolloutDump, lm: LM, summary: dict[str, float], check_text: bool) -> list[str]:
+def _tokenizer_doubt(dump: EngineDump, lm: LM, summary: dict[str, float], check_text: bool) -> list[str]:
     """A warning when nothing in the dump could show it was tokenized by `lm`'s tokenizer (no text checked,
     no vocabulary fingerprint) and the model rates its tokens far below what the engine did: a mean
     log q(y) − log p(y) above `DOUBT_NATS` is what ids of another vocabulary look like (6 nats seen), not

@@ -174,7 +174,7 @@ def responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[tuple[st
 
 
 @dataclass(frozen=True)
-class Rollout:
+class Samples:
     """Sampled responses and the rollout model's own log-probability of each response token."""
 
     batch: Batch
@@ -212,7 +212,7 @@ def sequence_logprobs(model, batch: Batch, *, temperature: float = 1.0, top_p: f
 
 def sample(lm: LM, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
            top_p: float | None = None, seed: int = 0, chat: bool = False,
-           context: tuple[tuple[str, str], ...] = ()) -> Rollout:
+           context: tuple[tuple[str, str], ...] = ()) -> Samples:
     """Sample one response per prompt from a rollout model, with its own per-token log-probs.
 
     Args:
@@ -230,7 +230,7 @@ def sample(lm: LM, prompts: list[str], *, max_new_tokens: int, temperature: floa
         raise InputError(f"sampling needs temperature > 0, got {temperature}")
     batch = generate(lm, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
                      temperature=temperature, top_p=top_p, seed=seed)
-    return Rollout(batch, sequence_logprobs(lm.model, batch, temperature=temperature, top_p=top_p))
+    return Samples(batch, sequence_logprobs(lm.model, batch, temperature=temperature, top_p=top_p))
 
 
 def reprompt(batch: Batch, tokenizer, prompts: list[str], *, chat: bool,

@@ -1,7 +1,7 @@
 """Positions of a token batch: which tokens are scored, where each is predicted from, and the
 position ids that make padding invisible.
 
-One rule, used by probes, rollouts and OPD alike (DESIGN.md): token `t` of a sequence can be
+One rule, used by probes, rollouts and OPD alike (docs/design.md): token `t` of a sequence can be
 scored when it and its predecessor are both attended; its next-token distribution comes from the
 logits at `t - 1`; positions count from each sequence's first attended token, so left or right
 padding changes no number.

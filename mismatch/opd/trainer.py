@@ -42,7 +42,7 @@ from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
 from mismatch.model.positions import response_index
-from mismatch.model.generate import Batch, Rollout, encode, generate, reprompt, sample, token_logprobs
+from mismatch.model.generate import Batch, Samples, encode, generate, reprompt, sample, token_logprobs
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps
@@ -65,14 +65,14 @@ def teacher_hidden(teacher, teacher_batch: Batch) -> torch.Tensor:
         return _hidden(teacher, teacher_batch)
 
 
-def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor, logp_rollout_N: torch.Tensor,
+def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: torch.Tensor, logp_rollout_N: torch.Tensor,
                   *, loss: str, tis_cap: float | None, chunk_tokens: int, temperature: float = 1.0,
                   top_p: float | None = None) -> StepResult:
     """Compute the OPD loss on a rollout batch and back-propagate it into the student.
 
     Args:
         student_batch: the rollout batch (the student's prompts and the response tokens).
-        hidden_T: `teacher_hidden(...)` on the same response tokens after the teacher's prompts.
+        teacher_hidden_ND: `teacher_hidden(...)` on the same response tokens after the teacher's prompts.
         logp_rollout_N: `[N]` rollout log-probs of the response tokens (row-major order).
         loss: one of `LOSSES`; tis_cap: truncated importance sampling cap or None.
 
@@ -82,36 +82,36 @@ def loss_backward(student, teacher, student_batch: Batch, hidden_T: torch.Tensor
     """
     token_N = student_batch.input_ids[student_batch.response_mask.bool()]
     n = token_N.shape[0]
-    hidden_S = _hidden(student, student_batch)  # [N, D], carries the trunk's graph
-    leaf = hidden_S.detach().requires_grad_()
-    head_S = Head.of(student)
+    student_hidden_ND = _hidden(student, student_batch)  # [N, D], carries the trunk's graph
+    leaf = student_hidden_ND.detach().requires_grad_()
+    student_head = Head.of(student)
     t0 = time.perf_counter()
     warped = not is_identity_warp(temperature, top_p)  # else the sampled distribution is the policy itself
-    logp_S_N = (token_logprobs(head_S, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
+    student_logp_N = (token_logprobs(student_head, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
                 if warped else torch.empty(n))
     logp_seconds = time.perf_counter() - t0
-    teacher_parts = logprob_chunks(Head.of(teacher), hidden_T, chunk_tokens, rows_per_pass=CACHE_ROWS)
+    teacher_parts = logprob_chunks(Head.of(teacher), teacher_hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
     total = 0.0
     for rows in token_chunks(n, chunk_tokens):
-        z_CV = head_S.logits(leaf[rows])  # one head matmul per chunk; carries the graph to `leaf` and the head
+        z_CV = student_head.logits(leaf[rows])  # one head matmul per chunk; carries the graph to `leaf` and the head
         grad_CV, terms_C = torch.empty_like(z_CV), torch.empty(z_CV.shape[0])
         for part in token_chunks(z_CV.shape[0], CACHE_ROWS):  # the elementwise work, a few cached rows at a time
             r = slice(rows.start + part.start, rows.start + part.stop)
             z_PV = z_CV[part].detach().requires_grad_()
-            logp_S = torch.log_softmax(z_PV, dim=-1)
+            student_logp_PV = torch.log_softmax(z_PV, dim=-1)
             with torch.no_grad():
-                logp_T = next(teacher_parts)[1]
+                teacher_logp_PV = next(teacher_parts)[1]
                 if not warped:
-                    logp_S_N[r] = logp_S.detach().gather(-1, token_N[r].unsqueeze(-1)).squeeze(-1)
-            terms = token_loss(loss, logp_S, logp_T, token_N[r])
+                    student_logp_N[r] = student_logp_PV.detach().gather(-1, token_N[r].unsqueeze(-1)).squeeze(-1)
+            terms = token_loss(loss, student_logp_PV, teacher_logp_PV, token_N[r])
             if tis_cap is not None:
-                terms = terms * tis_weights(logp_S_N[r], logp_rollout_N[r], tis_cap)
+                terms = terms * tis_weights(student_logp_N[r], logp_rollout_N[r], tis_cap)
             (terms.sum() / n).backward()  # each row's gradient is what one pass over the chunk gives it
             grad_CV[part], terms_C[part] = z_PV.grad, terms.detach()
         z_CV.backward(grad_CV)
         total += float(terms_C.sum() / n)
-    hidden_S.backward(leaf.grad)
-    return StepResult(total, logp_S_N, logp_seconds)
+    student_hidden_ND.backward(leaf.grad)
+    return StepResult(total, student_logp_N, logp_seconds)
 
 
 @torch.no_grad()
@@ -127,23 +127,23 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
         reward = sum(batch_rewards(batch, student.tokenizer, task, prompts)) / len(prompts)
     t_batch = batch if teacher_context == student_context else reprompt(
         batch, teacher.tokenizer, prompts, chat=chat, context=teacher_context)
-    h_S, h_T = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
-    teacher_chunks = logprob_chunks(Head.of(teacher.model), h_T, chunk_tokens)
+    student_hidden_ND, teacher_hidden_ND = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
+    teacher_chunks = logprob_chunks(Head.of(teacher.model), teacher_hidden_ND, chunk_tokens)
     total = 0.0
-    for _, logp_S in logprob_chunks(Head.of(student.model), h_S, chunk_tokens):
-        total += float(full_rkl(logp_S, next(teacher_chunks)[1]).double().sum())
-    return total / h_S.shape[0], reward
+    for _, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
+        total += float(full_rkl(student_logp_PV, next(teacher_chunks)[1]).double().sum())
+    return total / student_hidden_ND.shape[0], reward
 
 
 # ---------------------------------------------------------------- the run and its steps
 
 
 @dataclass
-class RolloutBatch:
+class TrainingBatch:
     """A sampled rollout batch with the teacher's head inputs on it, and how many updates used it."""
 
-    rollout: Rollout
-    hidden_T: torch.Tensor  # [N, D]
+    rollout: Samples
+    teacher_hidden_ND: torch.Tensor  # [N, D]
     updates: int = 0
 
 
@@ -161,7 +161,7 @@ class OPDRun:
     train_pool: list[str]
     eval_set: list[str]
     max_new_tokens: int
-    batch: RolloutBatch | None = None
+    batch: TrainingBatch | None = None
 
     @property
     def student(self) -> LM:
@@ -195,7 +195,7 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
                   config.max_new_tokens or pair.max_new_tokens)
 
 
-def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Rollout, Batch]:
+def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Samples, Batch]:
     """Step 1: the rollout copy's samples of `prompts` (seeded by the run's seed and `step`) with its
     own log-probs, and the same response tokens after the teacher's prompt encoding."""
     pair, cfg = run.pair, run.config
@@ -217,12 +217,12 @@ def score_with_teacher(run: OPDRun, teacher_batch: Batch) -> torch.Tensor:
     return teacher_hidden(run.pair.teacher.model, teacher_batch)
 
 
-def update(run: OPDRun, rollout: Rollout, hidden_T: torch.Tensor) -> tuple[StepResult, float, float]:
+def update(run: OPDRun, rollout: Samples, teacher_hidden_ND: torch.Tensor) -> tuple[StepResult, float, float]:
     """Step 3: loss, backward, gradient clipping, one AdamW step. Returns the step's result, the
     gradient norm before clipping and the learning rate the update used."""
     cfg, model = run.config, run.student.model
     run.optimizer.zero_grad(set_to_none=True)
-    result = loss_backward(model, run.pair.teacher.model, rollout.batch, hidden_T,
+    result = loss_backward(model, run.pair.teacher.model, rollout.batch, teacher_hidden_ND,
                            rollout.logprobs[rollout.batch.response_mask.bool()], loss=cfg.loss, tis_cap=cfg.tis_cap,
                            chunk_tokens=cfg.chunk_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
@@ -268,13 +268,13 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
         prompts = run.rng.sample(run.train_pool, run.config.batch_size)
         rollout, t_batch = sample_rollouts(run, prompts, step)
         t1 = time.perf_counter()
-        run.batch = RolloutBatch(rollout, score_with_teacher(run, t_batch))
+        run.batch = TrainingBatch(rollout, score_with_teacher(run, t_batch))
     else:
         t1 = t0
-    rollout, hidden_T, age = run.batch.rollout, run.batch.hidden_T, run.batch.updates
+    rollout, teacher_hidden_ND, age = run.batch.rollout, run.batch.teacher_hidden_ND, run.batch.updates
     run.batch.updates += 1
     t2 = time.perf_counter()
-    result, grad_norm, lr = update(run, rollout, hidden_T)
+    result, grad_norm, lr = update(run, rollout, teacher_hidden_ND)
     t3 = time.perf_counter()
     mask = rollout.batch.response_mask.bool()
     mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[mask], run.config.clip)

@@ -1,6 +1,6 @@
 """Frozen configs of the perturbation kinds, each with its parser and its spec string.
 
-A spec is `KIND[:OPT[,OPT…]]` (DESIGN.md "Perturbation specs"). Each config class parses itself
+A spec is `KIND[:OPT[,OPT…]]` (docs/design.md "Perturbation specs"). Each config class parses itself
 from the parts of a spec (`from_spec`) and prints back its canonical spec (`__str__`), so
 `parse_spec(str(config)) == config`; it flattens to result columns with `dataclasses.asdict`.
 Which kinds exist, and what runs for each, is the registry's business (`mismatch.perturb.registry`);
@@ -27,7 +27,7 @@ class SpecText:
 
     @classmethod
     def split(cls, spec: str) -> SpecText:
-        """Split `KIND[:OPT[,OPT…]]`; DESIGN.md's `quanto-int8,a8` spelling means `quanto-int8:a8`."""
+        """Split `KIND[:OPT[,OPT…]]`; docs/design.md's `quanto-int8,a8` spelling means `quanto-int8:a8`."""
         spec = spec.strip()
         if spec.startswith("quanto-") and ":" not in spec and "," in spec:
             spec = spec.replace(",", ":", 1)

@@ -1,7 +1,7 @@
 """What a perturbation replaced, and the swap primitives every perturbation kind writes through.
 
 A perturbation never writes into the model's own tensors: it swaps in new `Parameter` objects,
-new modules and forward hooks, and records each original here first (STYLE.md rule 17). Putting
+new modules and forward hooks, and records each original here first. Putting
 the originals back (`mismatch.perturb.apply.restore_`) is then exact by construction. This module
 is shared by the torch-native kinds and the bitsandbytes / optimum-quanto backends; `weight_out_in`
 is the one place that knows which layouts store a matrix `[in, out]`.

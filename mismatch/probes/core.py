@@ -3,7 +3,7 @@
 The reference `p` is the policy being trained (full-precision student); the candidate `q` is the
 copy that generates rollouts (quantized, stale, another engine). For every scored token
 `y = input_ids[s, t]` we compare the full next-token distributions predicting it (from position
-`t-1`), in fp32, natural log; the metric definitions are fixed in DESIGN.md and computed in
+`t-1`), in fp32, natural log; the metric definitions are fixed in docs/design.md and computed in
 `mismatch.metrics`.
 
 Memory: logits are never materialised as `[B, T, V]`. A forward pre-hook on the output head

@@ -1,6 +1,6 @@
 """What every report shares: Markdown tables, number formatting, and the axes/legend/figure style.
 
-Reports read result datasets only, never a model (STYLE.md rule 19).
+Reports read result datasets only, never a model (docs/contributing.md).
 """
 
 from __future__ import annotations

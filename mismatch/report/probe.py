@@ -141,7 +141,7 @@ def write_probe_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = 
     runs = all_runs.drop(isolated.index)
     table = runs[["run", "reference", *[c for c in HEADLINE if c in runs.columns]]]
     md = [f"# {title}", "", "Divergence of each candidate from its reference over the scored tokens (nats; "
-          "definitions in DESIGN.md).", "", markdown_table(table), ""]
+          "definitions in docs/design.md).", "", markdown_table(table), ""]
     references = list(dict.fromkeys(all_runs["reference"]))
     plots = []
     for reference in references:

@@ -180,7 +180,7 @@ def test_bad_perturb_input(args, message):
 def bad_files(tmp_path_factory):
     """Files a new user hands the CLI, each wrong in one way: {name: path}."""
     import mismatch
-    from mismatch.engines import EngineRollout, score_rollouts, write_rollouts
+    from mismatch.engines import DumpRecord, score_rollouts, write_rollouts
 
     root = tmp_path_factory.mktemp("bad")
     (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
@@ -193,7 +193,7 @@ def bad_files(tmp_path_factory):
     part = next(good.glob("*.parquet"))
     part.write_bytes(part.read_bytes()[: len(part.read_bytes()) // 2])  # a truncated part
     ids = lm.tokenizer("hello there")["input_ids"]
-    dump = write_rollouts(root / "d.jsonl", [EngineRollout(tuple(ids[:2]), tuple(ids[2:]), (-1.0,) * (len(ids) - 2))])
+    dump = write_rollouts(root / "d.jsonl", [DumpRecord(tuple(ids[:2]), tuple(ids[2:]), (-1.0,) * (len(ids) - 2))])
     score_rollouts(lm, dump, out=root / "per_token.parquet", check_text=False)
     return root
 

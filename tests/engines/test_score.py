@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import mismatch
 from mismatch.cli.app import app
-from mismatch.engines import EngineRollout, read_rollouts, score_rollouts, write_rollouts
+from mismatch.engines import DumpRecord, read_rollouts, score_rollouts, write_rollouts
 from mismatch.errors import InputError, VocabMismatchError
 from mismatch.model.loader import LM
 from mismatch.model.generate import sample
@@ -48,7 +48,7 @@ def engine():
                 best = lq.topk(TOPK).indices.tolist()
                 top.append({i: float(lq[i]) for i in dict.fromkeys(best + [response[t]])})
             assert [top[t][y] for t, y in enumerate(response)] == pytest.approx(ro.logprobs[b][resp].tolist(), abs=1e-5)
-            records.append(EngineRollout(tuple(prompt), tuple(response), tuple(top[t][y] for t, y in enumerate(response)),
+            records.append(DumpRecord(tuple(prompt), tuple(response), tuple(top[t][y] for t, y in enumerate(response)),
                                          tuple(top), lm.tokenizer.decode(response, skip_special_tokens=True)))
     return lm, records
 
@@ -163,7 +163,7 @@ def test_truncated_kl_is_a_lower_bound_and_exact_on_the_full_vocabulary(engine, 
         every = []  # now list every token of the vocabulary: the coarsening is the identity
         for r in records:
             lq = _full_logp(cand, list(r.prompt_ids + r.response_ids))[len(r.prompt_ids) - 1:]
-            every.append(EngineRollout(r.prompt_ids, r.response_ids, r.logprobs,
+            every.append(DumpRecord(r.prompt_ids, r.response_ids, r.logprobs,
                                        tuple(dict(enumerate(row.tolist())) for row in lq)))
     exact = score_rollouts(lm, write_rollouts(tmp_path / "all.parquet", every)).per_token
     assert (exact["topk"] == len(lm.tokenizer)).all()
@@ -225,7 +225,7 @@ def test_the_check_on_a_dump_of_its_own_calibration_gives_its_numbers(tmp_path):
                             seed=3, presets=("slime",))
     with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:  # the check's calibration, sampled again
         ro = sample(LM(cand, lm.tokenizer, "engine"), PROMPTS, max_new_tokens=12, seed=3)
-    records = [EngineRollout(tuple(ids[a & ~m].tolist()), tuple(ids[m].tolist()), tuple(lp[m].tolist()))
+    records = [DumpRecord(tuple(ids[a & ~m].tolist()), tuple(ids[m].tolist()), tuple(lp[m].tolist()))
                for ids, a, m, lp in zip(ro.batch.input_ids, ro.batch.attention_mask.bool(),
                                         ro.batch.response_mask.bool(), ro.logprobs)]
     dumped = mismatch.check(lm, None, rollouts=write_rollouts(tmp_path / "cal.jsonl", records),
@@ -331,7 +331,7 @@ def test_the_text_check_takes_a_cut_text_and_a_leading_space_but_not_another_tex
     """The engine's text may be cut by a stop string or start with the space a SentencePiece decoder
     drops from a response decoded alone; text that goes on past the ids, or any text for an
     EOS-only response, is another tokenizer's."""
-    from mismatch.engines.dumps import RolloutDump
+    from mismatch.engines.dumps import EngineDump
     from mismatch.engines.score import check_dump
 
     lm = tiny("tiny-llama")
@@ -339,8 +339,8 @@ def test_the_text_check_takes_a_cut_text_and_a_leading_space_but_not_another_tex
     eos = lm.tokenizer.eos_token_id
 
     def check(response, text):
-        r = EngineRollout((1, 72), response, (-0.1,) * len(response), text=text, where="record 0")
-        check_dump(RolloutDump((r,), "mem", ("mismatch",)), lm)
+        r = DumpRecord((1, 72), response, (-0.1,) * len(response), text=text, where="record 0")
+        check_dump(EngineDump((r,), "mem", ("mismatch",)), lm)
 
     for text in ("hello world", "hello wo", " hello world", ""):
         check(ids, text)
@@ -354,7 +354,7 @@ def test_parquet_keeps_what_jsonl_keeps(engine, tmp_path):
     """The first record's fields do not decide the columns, and `{id: logprob}` maps (stored by
     parquet as structs over every id of the column) read back as the maps they were."""
     lm, records = engine
-    mixed = [EngineRollout(records[0].prompt_ids, records[0].response_ids, records[0].logprobs), *records[1:]]
+    mixed = [DumpRecord(records[0].prompt_ids, records[0].response_ids, records[0].logprobs), *records[1:]]
     jsonl = read_rollouts(write_rollouts(tmp_path / "m.jsonl", mixed)).records
     parquet = read_rollouts(write_rollouts(tmp_path / "m.parquet", mixed)).records
     assert [(r.top_logprobs, r.text) for r in parquet] == [(r.top_logprobs, r.text) for r in jsonl]
@@ -379,9 +379,9 @@ def test_unreadable_files_and_metadata_are_one_line_errors(tiny, tmp_path):
         assert message in str(err.value) and "\n" not in str(err.value)
     at_one = _jsonl(tmp_path / "t1.jsonl", [{"meta": {"temperature": 1}}, _one()])
     assert score_rollouts(lm, at_one).summary["tokens"] == 2
-    from mismatch.engines.dumps import RolloutDump
+    from mismatch.engines.dumps import EngineDump
     with pytest.raises(InputError, match="no rollout record"):
-        score_rollouts(lm, RolloutDump((), "empty", ()))
+        score_rollouts(lm, EngineDump((), "empty", ()))
 
 
 def test_a_dump_that_may_come_from_another_tokenizer_is_doubted(engine, tmp_path):
@@ -390,7 +390,7 @@ def test_a_dump_that_may_come_from_another_tokenizer_is_doubted(engine, tmp_path
     tokenizer (the check repeats it); the real dump raises no doubt."""
     lm, records = engine
     assert score_rollouts(lm, write_rollouts(tmp_path / "ok.jsonl", records)).notes == []
-    shifted = [EngineRollout(r.prompt_ids, tuple((t + 7) % 259 for t in r.response_ids), tuple(max(lp, -0.05) for lp in r.logprobs))
+    shifted = [DumpRecord(r.prompt_ids, tuple((t + 7) % 259 for t in r.response_ids), tuple(max(lp, -0.05) for lp in r.logprobs))
                for r in records]
     got = score_rollouts(lm, write_rollouts(tmp_path / "other.jsonl", shifted))
     assert got.summary["mismatch_kl"] > 3 and len(got.notes) == 1 and "another tokenizer" in got.notes[0]

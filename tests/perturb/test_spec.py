@@ -46,7 +46,7 @@ def test_round_trip(spec, columns):
 
 
 def test_aliases_and_defaults():
-    assert str(parse_spec("quanto-int8,a8")) == "quanto-int8:a8"  # DESIGN.md's spelling
+    assert str(parse_spec("quanto-int8,a8")) == "quanto-int8:a8"  # docs/design.md's spelling
     assert str(parse_spec("fp8-e4m3")) == "fp8-e4m3:channel"
     assert str(parse_spec("int4")) == "int4:group128"
     assert str(parse_spec("int8")) == "int8:channel"
