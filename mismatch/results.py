@@ -44,7 +44,7 @@ import transformers
 from mismatch.errors import InputError
 from mismatch.files import atomic_write, check_writable
 from mismatch.hashing import content_hash
-from mismatch.version import __version__
+from mismatch.version import ID_SCHEMA, __version__
 
 KINDS = ("probe", "opd")
 ITEM_COLUMNS = ("step", "seq", "pos", "token", "layer", "index")
@@ -72,14 +72,14 @@ def provenance() -> dict[str, str]:
 
 
 def run_id(kind: str, config: dict[str, object]) -> str:
-    """Content hash (16 hex digits of SHA-256) of a run's kind, full configuration and the
-    toolkit's version (`mismatch_version`). The configuration includes the digests of the data the
+    """Content hash (16 hex digits of SHA-256) of a run's kind, full configuration, the toolkit's
+    version (`mismatch_version`) and the id schema (`mismatch.version.ID_SCHEMA`). The configuration includes the digests of the data the
     run reads (`pair_sha256`, `reference_sha256`, `prompts_sha256`). Values are canonical first
     (`1`, `1.0` and `numpy.int64(1)` hash alike; NaN as None), so a configuration read back from a
     results table gives its run's id again (with the same toolkit version)."""
     if kind not in KINDS:
         raise InputError(f"unknown run kind {kind!r}; valid: {', '.join(KINDS)}")
-    return content_hash({"kind": kind, "mismatch_version": __version__, **config})
+    return content_hash({"kind": kind, "mismatch_version": __version__, "id_schema": ID_SCHEMA, **config})
 
 
 RENAMED_METRICS = {"ppl_ratio": "ppl_cand_over_ref"}  # probe summaries of mismatch ≤ 0.2.0: same definition

@@ -27,7 +27,7 @@ from mismatch.model.loader import sha256_file
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all, run_columns
 from mismatch.probes.runs import ProbeConfig, model_digests, run_probes
-from mismatch.version import __version__
+from mismatch.version import ID_SCHEMA, __version__
 
 LEDGER = "_sweep"  # the ledger folder inside the results directory (readers skip non-parquet files)
 Task = ProbeConfig | OPDConfig
@@ -47,7 +47,7 @@ def task_columns(task: Task) -> dict[str, object]:
 def task_id(task: Task) -> str:
     """Content hash (`mismatch.hashing.content_hash`) of the task's kind, configuration, data digests
     (`task_columns`) and the toolkit's version: a changed pair, prompt file or toolkit reruns it."""
-    return content_hash({**task_columns(task), "mismatch_version": __version__})
+    return content_hash({**task_columns(task), "mismatch_version": __version__, "id_schema": ID_SCHEMA})
 
 
 def task_label(task: Task) -> str:
