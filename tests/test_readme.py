@@ -1,6 +1,7 @@
-"""The README's Python examples run, as written but for a few stand-ins that keep them fast: a tiny model
-for SmolLM2 (no chat template, 3 blocks), a few OPD steps, a noisier rollout for the check (so that it
-rejects and searches a recipe). Each stand-in must apply, so an example that drifts from them fails here too."""
+"""The Python examples of the README and of the docs pages run, as written but for a few stand-ins that keep
+them fast: a tiny model for SmolLM2 (no chat template, 3 blocks), a few OPD steps, a noisier rollout for the
+check (so that it rejects and searches a recipe). Each stand-in must apply, so an example that drifts from them
+fails here too."""
 
 import re
 from pathlib import Path
@@ -10,12 +11,14 @@ import pytest
 import mismatch
 from mismatch.engines import DumpRecord, write_rollouts
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [(f"{page.relative_to(ROOT)} python block {i}", block) for page in PAGES
+          for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S))]
 STAND_INS = [  # (pattern, replacement, blocks it must apply to)
     ('"smollm2-135m"', '"tiny-llama"', None),
     ('opd.OPDConfig(pair="sort-gpt2"', 'opd.OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, eval_every=2, '
-                                      'eval_prompts=8', "opd.train"),
+                                      'eval_prompts=8', "opd.OPDConfig("),
     ('rollout="int4:group128", presets=', 'rollout="noise:1", presets=', "mismatch.check("),
     ('max_new_tokens=64, chat=True)', 'max_new_tokens=64, chat=False)', "mismatch.generate(ref"),  # no chat template
     ('layers="0-3,7"', 'layers="0-1"', "w8a8"),  # tiny-llama has 3 blocks
@@ -26,7 +29,7 @@ def _runnable(block: str) -> str:
     for pattern, replacement, marker in STAND_INS:
         if marker is None or marker in block:
             if marker is not None:
-                assert pattern in block, f"README example drifted from its stand-in {pattern!r}"
+                assert pattern in block, f"example drifted from its stand-in {pattern!r}"
             block = block.replace(pattern, replacement)
     return block
 
@@ -41,13 +44,13 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_readme_has_python_examples():
-    assert len(BLOCKS) >= 6 and all(b.strip() for b in BLOCKS)
+def test_the_readme_and_the_docs_have_python_examples():
+    readme = [name for name, _ in BLOCKS if name.startswith("README.md")]
+    assert len(readme) >= 5 and len(BLOCKS) > len(readme) and all(b.strip() for _, b in BLOCKS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_every_readme_python_example_runs(workdir, index):
-    code = _runnable(BLOCKS[index])
+@pytest.mark.parametrize("name,block", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_every_python_example_runs(workdir, name, block):
     namespace: dict = {}
-    exec(compile(code, f"README.md python block {index}", "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(_runnable(block), name, "exec"), namespace)  # noqa: S102 - the docs' own code

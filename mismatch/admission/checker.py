@@ -40,7 +40,6 @@ from mismatch.metrics import checked_inputs, sampled_token_metrics
 from mismatch.model.loader import LM, context_length
 from mismatch.pairs.registry import PAIRS, load_member
 from mismatch.perturb import parse_spec, perturbed, select
-from mismatch.perturb.spec import ReuseConfig, StaleConfig
 from mismatch.probes.core import probe, reference
 from mismatch.model.generate import Batch, encode, generate, read_prompts
 
@@ -288,10 +287,9 @@ def _sampled(batch) -> dict[str, int]:
 def _rollout_spec(rollout: str | None):
     if rollout is None:
         raise InputError("give a rollout spec (--rollout fp8-e4m3:block128, …) or an engine's rollouts (--rollouts FILE)")
-    spec = parse_spec(rollout)
-    if isinstance(spec, (StaleConfig, ReuseConfig)):
+    if rollout.partition(":")[0].strip() in ("stale", "reuse"):
         raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
-    return spec
+    return parse_spec(rollout)
 
 
 def _loaded(model: str | LM, staleness: int, reuse: int, seed: int) -> tuple[str, LM]:

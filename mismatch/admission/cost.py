@@ -33,7 +33,7 @@ from torch import nn
 from mismatch.errors import InputError
 from mismatch.model.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
-from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig, ReuseConfig, StaleConfig
+from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig
 from mismatch.perturb.scope import head_name
 from mismatch.perturb.snapshot import weight_names
 
@@ -85,9 +85,9 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
     Returns:
         A `Cost` (factors relative to synchronous rollouts in the model's precision).
     """
-    config = parse_spec(spec) if spec not in (None, "none", "") else None
-    if isinstance(config, (StaleConfig, ReuseConfig)):
+    if spec is not None and spec.partition(":")[0] in ("stale", "reuse"):
         raise InputError(f"{spec}: give staleness and reuse as staleness=K / reuse=R")
+    config = parse_spec(spec) if spec not in (None, "none", "") else None
     bits = getattr(config, "weight_bits", None)  # None: full-precision weights (clean, noise)
     if not 0 < rollout_share < 1:
         raise InputError(f"rollout_share must lie in (0, 1), got {rollout_share}")

@@ -28,7 +28,7 @@ import torch
 from mismatch.errors import InputError
 from mismatch.files import atomic_write
 from mismatch.model.loader import LM
-from mismatch.perturb.configs import GGUF_WEIGHTS
+from mismatch.rollout_spec import GGUF_WEIGHTS
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2"}
 GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out]: transposed for GGUF

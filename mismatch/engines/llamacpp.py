@@ -28,7 +28,7 @@ from mismatch.engines.gguf_export import write_gguf
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.model.loader import LM, cache_dir, context_length, smollm2_gguf_path
 from mismatch.pairs.registry import member_spec
-from mismatch.perturb.external import LLAMA_CPP_MISSING
+from mismatch.rollout_spec import LLAMA_CPP_MISSING
 from mismatch.probes.core import ExternalLM
 from mismatch.model.generate import Batch, Samples, pad_id, prompt_batch
 
@@ -136,7 +136,7 @@ def open_engine(lm: LM, weights: str = "f32", kv: str = "f16", n_ctx: int | None
 
 def engine_rollout(engine: LlamaCpp, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int,
                    chat: bool = False, context: tuple[tuple[str, str], ...] = ()) -> Samples:
-    """One response per prompt sampled by llama.cpp, as a `Rollout` laid out like `rollout.sample`'s
+    """One response per prompt sampled by llama.cpp, as `Samples` laid out like `mismatch.model.generate.sample`'s
     (prompts left-padded, responses right-padded, up to and including the first EOS) with llama.cpp's
     own log-prob of each response token. Prompt `i` is sampled with seed `seed + i` (mod 2³²)."""
     prompt_ids, prompt_attn = prompt_batch(tokenizer, prompts, chat=chat, context=context)

@@ -18,9 +18,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.opd.losses import get_loss
-from mismatch.opd.ring import NO_ROLLOUT_SPECS, split_rollout_spec
-from mismatch.perturb import parse_spec
-from mismatch.perturb.configs import EngineConfig
+from mismatch.rollout_spec import RolloutSpec
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 
@@ -30,7 +28,7 @@ class OPDConfig:
     """One OPD run. Flattens to result columns (`dataclasses.asdict`)."""
 
     pair: str
-    rollout: str = "none"  # perturbation spec of the rollout copy, `stale:K`, `reuse:R`, or none
+    rollout: str = "none"  # what generates the rollouts (`mismatch.rollout_spec`): a spec, engine:…, stale:K, reuse:R, none
     staleness: int = 0  # K: rollouts from weights K optimizer steps old
     layers: str = "linear"  # scope of the rollout perturbation
     loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (README)
@@ -74,31 +72,24 @@ class OPDConfig:
             raise ValueError(f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
-        split_rollout_spec(self.rollout, self.staleness)  # a bad spec fails here, before any work
-        engine = self.rollout_spec and parse_spec(self.rollout_spec)
-        if isinstance(engine, EngineConfig) and (engine.weights == "gguf" or self.temperature != 1.0 or self.top_p):
+        spec = self.rollout_spec  # a bad spec fails here, before any work
+        if spec.is_clean and (self.rollout != "none" or self.staleness):  # stale:0, reuse:1: the clean run itself
+            object.__setattr__(self, "rollout", "none")
+            object.__setattr__(self, "staleness", 0)
+        engine = spec.engine
+        if engine is not None and (engine.weights == "gguf" or self.temperature != 1.0 or self.top_p):
             raise ValueError(f"an {engine.engine} rollout copy is re-exported from the trained weights at "
                              "temperature 1 without top_p (not from its original GGUF file)")
 
     @property
-    def rollout_spec(self) -> str | None:
-        """The rollout copy's perturbation spec, or None (no perturbation)."""
-        return split_rollout_spec(self.rollout, self.staleness)[0]
-
-    @property
-    def rollout_staleness(self) -> int:
-        """K, from `staleness` or a `stale:K` rollout spec."""
-        return split_rollout_spec(self.rollout, self.staleness)[1]
-
-    @property
-    def rollout_reuse(self) -> int:
-        """R: optimizer steps trained on each rollout batch (`reuse:R`; 1 otherwise)."""
-        return split_rollout_spec(self.rollout, self.staleness)[2]
+    def rollout_spec(self) -> RolloutSpec:
+        """What generates the rollouts: `rollout` with `staleness`, parsed once into one value."""
+        return RolloutSpec.parse(self.rollout, self.staleness)
 
     @property
     def is_clean(self) -> bool:
-        """Rollouts from the student itself, fresh every step: no perturbation, no lag, no reuse."""
-        return self.rollout_spec is None and self.rollout_staleness == 0 and self.rollout_reuse == 1
+        """The clean run (`RolloutSpec.is_clean`; a clean-equivalent rollout is stored as `none`)."""
+        return self.rollout_spec.is_clean
 
     def clean(self) -> OPDConfig:
         """The same run with clean rollouts: its baseline."""
@@ -139,8 +130,5 @@ def lr_factor(config: OPDConfig, step: int) -> float:
 
 
 def rollout_label(rollout: str, staleness: int) -> str:
-    """`clean`, the rollout spec, or `spec + stale:K`."""
-    base = "clean" if rollout in NO_ROLLOUT_SPECS else rollout
-    if staleness:
-        return f"stale:{staleness}" if base == "clean" else f"{base} + stale:{staleness}"
-    return base
+    """`clean`, the rollout spec, or `spec + stale:K` (`RolloutSpec.label`)."""
+    return RolloutSpec.parse(rollout, staleness).label

@@ -21,28 +21,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mismatch.engines.llamacpp import open_engine
+from mismatch.engines.llamacpp import engine_rollout, open_engine
+from mismatch.errors import InputError
+from mismatch.model.generate import Samples, sample
 from mismatch.model.loader import LM
 from mismatch.perturb import perturb_, restore_
-from mismatch.perturb.spec import EngineConfig, ReuseConfig, StaleConfig, parse_spec
-
-
-NO_ROLLOUT_SPECS = ("", "none")  # rollout specs meaning "no perturbation": the student's own weights
-
-
-def split_rollout_spec(spec: str | None, staleness: int) -> tuple[str | None, int, int]:
-    """`(perturbation spec or None, staleness K, reuse R)` from a rollout spec that may be `stale:K`
-    or `reuse:R` (a perturbation spec has R = 1: a fresh batch every step)."""
-    if spec is None or spec in NO_ROLLOUT_SPECS:
-        return None, staleness, 1
-    config = parse_spec(spec)
-    if isinstance(config, StaleConfig):
-        if staleness not in (0, config.steps):
-            raise ValueError(f"rollout {spec} and staleness {staleness} disagree")
-        return None, config.steps, 1
-    if isinstance(config, ReuseConfig):
-        return None, staleness, config.steps
-    return str(config), staleness, 1
+from mismatch.rollout_spec import RolloutSpec
 
 
 class RolloutCopy:
@@ -50,7 +34,7 @@ class RolloutCopy:
 
     Args:
         student: the model being trained (read, never changed).
-        spec: a perturbation spec (`mismatch.perturb`) or None.
+        spec: a perturbation spec (`mismatch.perturb`), an engine spec (`engine:llama.cpp,…`) or None.
         staleness: K ≥ 0.
         layers: the perturbation's layer scope; `seed`: its seed (noise is re-drawn with
             `seed + version` at each refresh).
@@ -65,10 +49,14 @@ class RolloutCopy:
                  share: bool = True, tokenizer=None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {staleness}")
-        config = parse_spec(spec) if spec is not None else None
-        self.engine_config = config if isinstance(config, EngineConfig) else None
+        parsed = RolloutSpec.parse(spec)
+        if parsed.perturbation is None and parsed.engine is None and not parsed.is_clean:
+            raise InputError(f"{spec}: the copy's lag and reuse are its `staleness` and the loop's; give the "
+                             "copy a perturbation or engine spec")
+        self.engine_config = parsed.engine
+        spec = parsed.perturbation_spec
         if self.engine_config is not None:  # the served weights run in the engine, unperturbed here
-            spec, share = None, True
+            share = True
         self.student, self.spec, self.staleness = student, spec, staleness
         self.layers, self.seed, self.calibration_ids = layers, seed, calibration_ids
         self.version = 0  # optimizer steps of the student so far
@@ -119,3 +107,15 @@ class RolloutCopy:
             self.model.load_state_dict(weights)
         self._perturb()
         self._export()
+
+    def sample(self, prompts: list[str], *, max_new_tokens: int, seed: int, temperature: float = 1.0,
+               top_p: float | None = None, chat: bool = False, context: tuple[tuple[str, str], ...] = (),
+               name: str = "rollout") -> Samples:
+        """One response per prompt from whatever serves the rollouts (the copy in PyTorch, or the engine it
+        was exported to), with that sampler's own log-prob of each response token (`Samples`); the caller
+        never branches on which."""
+        if self.engine is not None:
+            return engine_rollout(self.engine, self.tokenizer, prompts, seed=seed, max_new_tokens=max_new_tokens,
+                                  chat=chat, context=context)
+        return sample(LM(self.model, self.tokenizer, name), prompts, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, seed=seed, chat=chat, context=context)

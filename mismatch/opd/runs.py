@@ -20,7 +20,7 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.files import check_writable
-from mismatch.perturb.external import require_engines
+from mismatch.rollout_spec import require_engines
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.trainer import train
 from mismatch.opd.verdict import run_label
@@ -88,7 +88,7 @@ def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, over
         All runs' rows; each run's rows are on disk (when `out` is given) as soon as they are
         flushed, so a run that fails keeps every step it finished.
     """
-    require_engines([c.rollout_spec for c in configs])  # before the clean baseline trains, not after it
+    require_engines([c.rollout for c in configs])  # before the clean baseline trains, not after it
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None  # checks `out` is writable
     if save_to is not None:
         check_writable(save_to, "--save", folder=True)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from mismatch.opd.config import COMPARISON_FIELDS
 from mismatch.opd.verdict import DIVERGED_FACTOR, opd_runs, verdict_table
-from mismatch.perturb.spec import EngineConfig, NoiseConfig, ReuseConfig, StaleConfig, parse_spec
+from mismatch.rollout_spec import RolloutSpec
 
 # two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -51,30 +51,16 @@ def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
 
 
 def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:
-    """`(source, level)` of a rollout: `("clean", 0)`, `("noise", σ)`, `("stale", K)`,
-    `("reuse", R)`, `("engine", spec)` for another engine (`engine:llama.cpp,…`), or `("format", spec)`
-    for every other spec (`stale:K` on a spec: that spec's format with `+ stale:K`)."""
-    if rollout in ("", "none"):
-        return ("stale", staleness) if staleness else ("clean", 0)
-    config = parse_spec(rollout)
-    if isinstance(config, NoiseConfig):
-        source, level = "noise", config.sigma
-    elif isinstance(config, StaleConfig):
-        source, level = "stale", config.steps
-    elif isinstance(config, ReuseConfig):
-        source, level = "reuse", config.steps
-    elif isinstance(config, EngineConfig):
-        source, level = "engine", str(config)
-    else:
-        source, level = "format", str(config)
-    if staleness and source != "stale":
-        return source, f"{level} + stale:{staleness}"
-    return source, level
+    """`(source, level)` of a rollout (`RolloutSpec.source`, `.level`): `("clean", 0)`, `("noise", σ)`,
+    `("stale", K)`, `("reuse", R)`, `("engine", spec)`, or `("format", spec)` for every other spec (with
+    `+ stale:K` when a spec is lagged too)."""
+    spec = RolloutSpec.parse(rollout, staleness)
+    return spec.source, spec.level
 
 
 def weight_bits(spec: str) -> float:
     """Stored bits per weight of a format spec (`weight_bits` of its config; NaN if it has none)."""
-    return float(getattr(parse_spec(spec.split(" + ")[0]), "weight_bits", math.nan))
+    return RolloutSpec.parse(spec.split(" + ")[0]).weight_bits
 
 
 def _judge(mean: float, half: float, limit: float, *, upper: bool) -> str:

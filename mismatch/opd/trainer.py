@@ -30,19 +30,18 @@ from pathlib import Path
 
 import torch
 
-from mismatch.engines.llamacpp import engine_rollout
 from mismatch.errors import InputError, NumericsError
 from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.model.loader import LM, quiet_loading
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.opd.losses import full_rkl, tis_weights, token_loss
-from mismatch.opd.ring import NO_ROLLOUT_SPECS, RolloutCopy
+from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
 from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
 from mismatch.model.positions import response_index
-from mismatch.model.generate import Batch, Samples, encode, generate, reprompt, sample, token_logprobs
+from mismatch.model.generate import Batch, Samples, encode, generate, reprompt, token_logprobs
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps
@@ -150,7 +149,7 @@ class TrainingBatch:
 @dataclass
 class OPDRun:
     """The live state of one run: the pair, the rollout copy, the optimizer, the prompt pools, and
-    the current rollout batch (trained on for `config.rollout_reuse` steps before a new one)."""
+    the current rollout batch (trained on for `config.rollout_spec.reuse` steps before a new one)."""
 
     config: OPDConfig
     pair: Pair
@@ -180,14 +179,15 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
     if len(train_pool) < config.batch_size:
         raise InputError(f"pair {pair.name} has {len(train_pool)} train prompts, fewer than batch_size "
                          f"{config.batch_size}")
-    spec = config.rollout_spec
+    rollout = config.rollout_spec
+    spec = rollout.perturbation_spec or (None if rollout.engine is None else str(rollout.engine))
     calib = None
     if spec is not None and ":a8" in spec:  # quanto's static activation scales need data
         calib = torch.tensor([encode(pair.student.tokenizer, train_pool[:1], chat=pair.chat,
                                      context=pair.student_context)[0]])
-    copy = RolloutCopy(pair.student.model, spec, config.rollout_staleness, layers=config.layers, seed=config.seed,
+    copy = RolloutCopy(pair.student.model, spec, rollout.staleness, layers=config.layers, seed=config.seed,
                        calibration_ids=calib, tokenizer=pair.student.tokenizer,
-                       share=config.rollout in NO_ROLLOUT_SPECS or config.rollout_reuse > 1)  # reuse: no copy needed
+                       share=rollout.base == "none" or rollout.reuse > 1)  # reuse: no copy needed
     opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(config.adam_beta1, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
@@ -200,13 +200,9 @@ def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Samples
     own log-probs, and the same response tokens after the teacher's prompt encoding."""
     pair, cfg = run.pair, run.config
     seed = cfg.seed * 1_000_003 + step
-    if run.rollout_copy.engine is not None:
-        rollout = engine_rollout(run.rollout_copy.engine, pair.student.tokenizer, prompts, seed=seed,
-                                 max_new_tokens=run.max_new_tokens, chat=pair.chat, context=pair.student_context)
-    else:
-        rollout_lm = LM(run.rollout_copy.model, pair.student.tokenizer, f"rollout[{cfg.rollout}]")
-        rollout = sample(rollout_lm, prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
-                         top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context)
+    rollout = run.rollout_copy.sample(prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
+                                      top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context,
+                                      name=f"rollout[{cfg.rollout}]")
     t_batch = rollout.batch if pair.teacher_context == pair.student_context else reprompt(
         rollout.batch, pair.teacher.tokenizer, prompts, chat=pair.chat, context=pair.teacher_context)
     return rollout, t_batch
@@ -263,7 +259,7 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     between train on the same tokens (the teacher's scores of them are kept: they do not change).
     """
     t0 = time.perf_counter()
-    fresh = run.batch is None or run.batch.updates >= run.config.rollout_reuse
+    fresh = run.batch is None or run.batch.updates >= run.config.rollout_spec.reuse
     if fresh:
         prompts = run.rng.sample(run.train_pool, run.config.batch_size)
         rollout, t_batch = sample_rollouts(run, prompts, step)

@@ -5,7 +5,7 @@ lm-eval's `api/registry.py`. A `Kind` bundles everything about one kind: its spe
 config class, parser, apply handler, backend and a one-line description. `parse_spec`, the
 unknown-kind error, `perturb_`'s dispatch and README's spec table (`render_spec_table`) all read
 it, so adding a kind is one `register_kind` call in the module that implements it
-(`native`, `backends`, `trajectory`; `mismatch.perturb.spec` imports them all).
+(`native`, `backends`; `mismatch.perturb.spec` imports them all).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ class Backend(StrEnum):
     TORCH = "torch"
     BITSANDBYTES = "bitsandbytes"
     QUANTO = "optimum-quanto"
-    ENGINE = "engine"  # another inference engine runs the model: a probe candidate or an OPD rollout source
-    OPD = "OPD only"  # realised by the OPD rollout copy, never applied to a model in place
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +74,11 @@ class Kind:
         if "\n" in self.description or not self.description.strip():
             raise ValueError(f"kind {self.names[0]}: the description must be one non-empty line")
 
+
+# rollout forms that are not perturbations (`mismatch.rollout_spec` parses them): what realises each
+ROLLOUT_ONLY = {"stale": "weights K steps old exist only inside an OPD run (its rollout copy's ring)",
+                "reuse": "one batch trained on for R steps exists only inside an OPD run",
+                "engine": "another engine runs the model (a probe candidate or an OPD rollout source)"}
 
 _BY_NAME: dict[str, Kind] = {}
 _BY_CONFIG: dict[type, Kind] = {}
@@ -123,6 +126,9 @@ def kind_named(name: str) -> Kind:
     Raises:
         InputError: no such kind; the message lists the valid ones.
     """
+    if name in ROLLOUT_ONLY:
+        raise InputError(f"{name!r} is not a perturbation kind: {ROLLOUT_ONLY[name]}, outside PyTorch's model in "
+                         f"place (a rollout form, `mismatch.rollout_spec`); valid kinds: {valid_kinds()}")
     if name not in _BY_NAME:
         raise InputError(f"unknown perturbation kind {name!r}; valid kinds: {valid_kinds()}")
     return _BY_NAME[name]

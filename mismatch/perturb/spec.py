@@ -3,33 +3,30 @@
 `parse_spec` splits a spec, looks its kind up in `mismatch.perturb.registry` and lets that kind's
 config class parse the options; `str(config)` round-trips and `dataclasses.asdict(config)` gives
 result columns. The kinds register themselves in the modules that implement them, imported here:
-`native` (torch rounding, dtype, noise), `backends` (bitsandbytes, optimum-quanto), `trajectory`
-(OPD-only kinds) and `external` (another engine). `render_spec_table()` lists them all (README's spec table).
+`native` (torch rounding, dtype, noise) and `backends` (bitsandbytes, optimum-quanto). Every kind can
+be applied to a model in place; what cannot (staleness, reuse, another engine) is a rollout form
+(`mismatch.rollout_spec`). `render_spec_table()` lists the kinds (the docs' spec table).
 """
 
 from __future__ import annotations
 
 from mismatch.errors import InputError
-from mismatch.perturb import backends, external, native, trajectory  # noqa: F401  (importing them registers their kinds)
+from mismatch.perturb import backends, native  # noqa: F401  (importing them registers their kinds)
 from mismatch.perturb.configs import (
     FP8_GRANULARITIES,
     BnbConfig,
     DtypeConfig,
-    EngineConfig,
     FP8Config,
     IntConfig,
     NoiseConfig,
     PerturbConfig,
     QuantoConfig,
     SpecText,
-    ReuseConfig,
-    StaleConfig,
 )
 from mismatch.perturb.registry import kind_named, kind_names, valid_kinds
 
-__all__ = ["FP8_GRANULARITIES", "KINDS", "BnbConfig", "DtypeConfig", "EngineConfig", "FP8Config", "IntConfig", "NoiseConfig",
-           "PerturbConfig", "QuantoConfig", "ReuseConfig", "StaleConfig",
-           "parse_spec"]
+__all__ = ["FP8_GRANULARITIES", "KINDS", "BnbConfig", "DtypeConfig", "FP8Config", "IntConfig", "NoiseConfig",
+           "PerturbConfig", "QuantoConfig", "parse_spec"]
 
 KINDS: tuple[str, ...] = kind_names()  # the spec names registered above, in registration order
 

@@ -24,9 +24,8 @@ from mismatch.model.layout import model_layout
 from mismatch.model.loader import LM, parse_dtype, weights_digest
 from mismatch.pairs.registry import load_member, member_spec
 from mismatch.engines.llamacpp import open_engine
-from mismatch.perturb.external import require_engines
-from mismatch.perturb import parse_spec, perturbed, select
-from mismatch.perturb.configs import EngineConfig
+from mismatch.perturb import perturbed, select
+from mismatch.rollout_spec import EngineConfig, parse_candidate, require_engines
 from mismatch.perturb.scope import first_block
 from mismatch.probes.core import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
                              reference)
@@ -64,14 +63,14 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if (self.prompts is None) == (not self.texts):
             raise InputError("give exactly one prompt source: a prompts file or inline texts")
-        specs = [str(parse_spec(p)) for p in self.perturb]  # fail fast on a bad spec
+        specs = [str(parse_candidate(p)) for p in self.perturb]  # fail fast on a bad spec
         if specs and self.candidate not in (None, self.reference):
             raise InputError("perturbation specs perturb the reference model itself: give no candidate model")
         if not specs and self.candidate is None:
             raise InputError("give a candidate model or at least one perturbation spec")
         if self.each_layer and not specs:
             raise InputError("the per-block isolation map needs at least one perturbation spec")
-        if self.each_layer and any(isinstance(parse_spec(s), EngineConfig) for s in specs):
+        if self.each_layer and any(isinstance(parse_candidate(s), EngineConfig) for s in specs):
             raise InputError("an engine runs the whole model: no per-block isolation map of engine specs")
         if self.each_layer and self.layers != "linear":
             raise InputError(f"the isolation map perturbs each whole block in turn: it does not combine with layers "
@@ -128,7 +127,7 @@ def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[st
                     chunk_tokens=chunk_tokens, cache_logprobs=cache, keep_block_outputs=keep_blocks)
     results = []
     for spec in specs:
-        engine = parse_spec(spec)
+        engine = parse_candidate(spec)
         engine = engine if isinstance(engine, EngineConfig) else None
         for scope in ["all"] if engine else scopes:  # an engine runs the whole model: no scope, no layers
             if status is not None:

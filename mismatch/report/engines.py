@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.perturb import parse_spec
-from mismatch.perturb.configs import EngineConfig
+from mismatch.rollout_spec import RolloutSpec
 from mismatch.report.common import markdown_table, plus_minus
 from mismatch.results import summaries
 from mismatch.opd.tolerance import weight_bits
@@ -33,8 +32,8 @@ def is_engine(spec: object) -> bool:
 
 def twin_of(spec: str) -> str | None:
     """The PyTorch-simulated format of the same bits as engine spec `spec`, or None."""
-    config = parse_spec(spec)
-    return TWINS.get(config.weights) if isinstance(config, EngineConfig) else None
+    engine = RolloutSpec.parse(spec).engine
+    return TWINS.get(engine.weights) if engine is not None else None
 
 
 def static_table(rows: pd.DataFrame) -> pd.DataFrame:

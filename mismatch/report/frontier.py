@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from mismatch.admission.cost import rollout_cost
 from mismatch.errors import MismatchError
 from mismatch.model.loader import smollm2_checkpoint
-from mismatch.opd.ring import split_rollout_spec
+from mismatch.rollout_spec import RolloutSpec
 from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import member_spec
 from mismatch.report.common import plus_minus
@@ -47,7 +47,7 @@ def rollout_shares(runs: list[tuple[dict, list[dict]]]) -> dict[str, float]:
     """Per pair: median over its clean runs' steps of rollout_s ÷ wall_s (`runs`: `opd_runs` of the rows)."""
     out: dict[str, list[float]] = {}
     for config, metrics in runs:
-        if split_rollout_spec(str(config.get("rollout")), int(config.get("staleness", 0))) != (None, 0, 1):
+        if not RolloutSpec.parse(str(config.get("rollout")), int(config.get("staleness", 0))).is_clean:
             continue
         by_step: dict[int, dict[str, float]] = {}
         for m in metrics:
@@ -80,7 +80,8 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
         ["pair", "source", "settings", "level"])["run_id"]
     for row in levels.itertuples():
         cfg = configs[first[(row.pair, row.source, row.settings, row.level)]]
-        spec, k, r = split_rollout_spec(str(cfg["rollout"]), int(cfg.get("staleness", 0)))
+        rollout = RolloutSpec.parse(str(cfg["rollout"]), int(cfg.get("staleness", 0)))
+        spec, k, r = rollout.perturbation_spec, rollout.staleness, rollout.reuse
         if row.pair not in skeletons:
             try:
                 skeletons[row.pair] = student_skeleton(row.pair)

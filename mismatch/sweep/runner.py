@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mismatch.errors import InputError
 from mismatch.files import check_writable
-from mismatch.perturb.external import require_engines
+from mismatch.rollout_spec import require_engines
 from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study
@@ -58,7 +58,7 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be ≥ 1, got {workers}")
     check_writable(out, "results", folder=True)
-    require_engines([*(p for t in study.plan.probes for p in t.perturb), *(t.rollout_spec for t in study.plan.opd)])
+    require_engines([*(p for t in study.plan.probes for p in t.perturb), *(t.rollout for t in study.plan.opd)])
     threads = study.threads
     todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume,
                                   retry_failed=retry_failed, threads=threads)

@@ -10,7 +10,7 @@ import torch
 import mismatch
 from mismatch.engines.gguf_export import write_gguf
 from mismatch.model.loader import LM
-from mismatch.perturb import parse_spec
+from mismatch.rollout_spec import RolloutSpec
 from mismatch.model.generate import generate
 
 pytestmark = pytest.mark.engines
@@ -100,7 +100,7 @@ def test_the_engine_as_a_probe_spec_and_a_bad_use_are_clear(tmp_path):
     engine, torch_int8 = results
     assert (engine.perturb, engine.layers) == ("engine:llama.cpp,q8_0", "all") and engine.result.per_layer.empty
     assert engine.result.summary["kl_fwd_mean"] > 1e-5 and not torch_int8.result.per_layer.empty
-    with pytest.raises(mismatch.InputError, match="outside PyTorch"):
+    with pytest.raises(mismatch.InputError, match="not a perturbation kind: another engine runs the model"):
         with mismatch.perturbed(lm.model, "engine:llama.cpp,f32"):
             pass
     with pytest.raises(mismatch.InputError, match="not loaded from a GGUF file"):
@@ -109,7 +109,7 @@ def test_the_engine_as_a_probe_spec_and_a_bad_use_are_clear(tmp_path):
         mismatch.probe(lm, open_engine(lm, "f32"), batch.input_ids, batch.attention_mask, batch.response_mask)
     with pytest.raises(mismatch.InputError, match="GGUF export supports LlamaForCausalLM"):
         write_gguf(LM(torch.nn.Module(), lm.tokenizer, "plain"), tmp_path / "g.gguf")
-    assert str(parse_spec("engine:llama.cpp")) == "engine:llama.cpp,f32"
+    assert str(RolloutSpec.parse("engine:llama.cpp").engine) == "engine:llama.cpp,f32"
 
 
 def test_opd_with_llama_cpp_rollouts_scores_the_engines_tokens(tmp_path):

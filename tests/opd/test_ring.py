@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from mismatch.opd.ring import RolloutCopy, split_rollout_spec
+from mismatch.opd.ring import RolloutCopy
 from mismatch.perturb.rounding import round_fp8
 
 
@@ -55,15 +55,8 @@ def test_perturbation_is_reapplied_to_the_served_weights(tiny):
     assert not torch.equal(dict(student.named_parameters())[name], w)
 
 
-def test_split_rollout_spec_and_errors():
-    assert split_rollout_spec("none", 0) == (None, 0, 1)
-    assert split_rollout_spec("stale:4", 0) == (None, 4, 1)
-    assert split_rollout_spec("int4:group128", 2) == ("int4:group128", 2, 1)
-    assert split_rollout_spec("reuse:4", 0) == (None, 0, 4)
-    assert split_rollout_spec("reuse:4", 2) == (None, 2, 4)
-    with pytest.raises(ValueError, match="disagree"):
-        split_rollout_spec("stale:4", 2)
-    with pytest.raises(ValueError):
-        split_rollout_spec("fp9", 0)
+def test_the_copy_takes_a_perturbation_or_engine_and_a_valid_lag():
     with pytest.raises(ValueError, match="staleness must be ≥ 0"):
         RolloutCopy(torch.nn.Linear(2, 2), None, -1)
+    with pytest.raises(ValueError, match="perturbation or engine"):
+        RolloutCopy(torch.nn.Linear(2, 2), "stale:2", 0)

@@ -156,7 +156,7 @@ def test_bnb_int8_forward_is_quiet_and_unchanged(caplog):
 
 def test_stale_and_missing_calibration_are_clear_errors(tiny):
     lm = mismatch.load("tiny-llama")
-    with pytest.raises(InputError, match="OPD"):
+    with pytest.raises(InputError, match="'stale' is not a perturbation kind"):  # a rollout form
         perturb_(lm.model, "stale:2")
     before = _state(lm.model)
     with pytest.raises(InputError, match="calibration_ids"):

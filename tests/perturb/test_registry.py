@@ -24,7 +24,7 @@ from mismatch.perturb.configs import IntConfig, SpecText
 from mismatch.perturb.registry import Backend, Kind, kind_named, kind_names, kind_of, register_kind
 from tests.conftest import random_ids
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 EXAMPLES = [(kind, spec) for kind in registry.registered_kinds() for spec in kind.examples]
 
 
@@ -54,12 +54,11 @@ def test_every_name_is_registered_once_and_listed_in_the_unknown_kind_error():
     assert listed == list(KINDS)
 
 
-def test_readme_spec_table_is_the_rendered_registry():
-    lines = README.read_text(encoding="utf-8").splitlines()
-    section = lines.index("## Mismatch sources (perturbations)")
-    start = next(i for i in range(section, len(lines)) if lines[i].startswith("| spec | backend | what runs |"))
-    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
-    assert "\n".join(lines[start:end]) == render_spec_table()
+def test_the_docs_spec_table_is_the_rendered_registry():
+    text = DESIGN.read_text(encoding="utf-8")
+    assert text.count("<!-- spec-table -->") == 1 and text.count("<!-- /spec-table -->") == 1  # the premise
+    table = text.split("<!-- spec-table -->", 1)[1].split("<!-- /spec-table -->", 1)[0]
+    assert table.strip("\n") == render_spec_table()
 
 
 def test_rendered_table_has_one_row_per_kind_naming_every_spec_name():
@@ -131,12 +130,15 @@ def test_a_new_kind_is_parsed_listed_rendered_and_applied(tiny, monkeypatch):
 
     applied = []
     register_kind(Kind(names=("repeat",), config=RepeatConfig, parse=RepeatConfig.from_spec,
-                       apply=lambda config, *_: applied.append(config), backend=Backend.OPD,
+                       apply=lambda config, *_: applied.append(config), backend=Backend.TORCH,
                        usage=("repeat:R",), description="one rollout batch, R optimizer steps", examples=("repeat:2",)))
     assert parse_spec("repeat:2") == RepeatConfig(steps=2)
     assert "repeat" in registry.valid_kinds()
-    assert registry.kind_names()[-3:] == ("stale", "reuse", "repeat")  # OPD-only kinds last, in registration order
-    assert render_spec_table().splitlines()[-1] == "| `repeat:R` | OPD only | one rollout batch, R optimizer steps |"
+    names = registry.kind_names()  # by backend, then in registration order: after torch's last kind, before bnb's
+    assert names.index("repeat") == names.index("noise") + 1 and names[names.index("repeat") + 1] == "bnb-int8"
+    rows = render_spec_table().splitlines()
+    row = rows.index("| `repeat:R` | torch | one rollout batch, R optimizer steps |")  # one row per kind
+    assert rows[row + 1].startswith("| `bnb-int8`")
     model = tiny("tiny-llama").model
     with perturbed(model, "repeat:2"):
         assert applied == [RepeatConfig(steps=2)]
@@ -160,6 +162,6 @@ def test_is_perturbed_reads_without_creating_state(tiny):
 
 def test_a_failing_handler_leaves_the_model_unperturbed(tiny):
     model = tiny("tiny-llama").model
-    with pytest.raises(InputError, match="OPD"):
-        perturb_(model, "stale:1")
+    with pytest.raises(InputError, match="calibration_ids"):  # quanto's a8 handler refuses without data
+        perturb_(model, "quanto-int8:a8")
     assert not is_perturbed(model)

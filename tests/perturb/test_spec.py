@@ -27,10 +27,6 @@ CANONICAL = {
     "quanto-int8": {"weights": "int8", "activations": False},
     "quanto-int4": {"weights": "int4", "activations": False},
     "quanto-fp8:a8": {"weights": "fp8", "activations": True},
-    "stale:4": {"steps": 4},
-    "reuse:4": {"steps": 4},
-    "engine:llama.cpp,f32": {"engine": "llama.cpp", "weights": "f32", "kv": "f16"},
-    "engine:llama.cpp,q4_1,kv-f32": {"engine": "llama.cpp", "weights": "q4_1", "kv": "f32"},
 }
 
 
@@ -56,10 +52,9 @@ def test_aliases_and_defaults():
     ("fp9", "valid kinds: fp8-e4m3"), ("fp8-e4m3:row", "valid: tensor, channel, block128"),
     ("noise:abc", "noise:0.01"), ("noise:-1", "≥ 0"), ("int4:group0", "groupN"),
     ("dtype:fp64", "valid: bf16, fp16"), ("bnb-int8:x", "takes no options"),
-    ("quanto-int2", "valid kinds"), ("quanto-int8:w8", "only the option a8"), ("stale:-1", "≥ 0"), ("reuse:0", "≥ 1"), ("reuse:x", "reuse:4"),
+    ("quanto-int2", "valid kinds"), ("quanto-int8:w8", "only the option a8"), ("stale:1", "'stale' is not a perturbation kind: weights K steps old"),
     ("", "valid kinds"), ("fp8-e4m3:tensor,channel", "one scale"),
-    ("engine", "needs a name"), ("engine:vllm", "unknown engine 'vllm'"), ("engine:llama.cpp,q3_k", "valid: f32"),
-    ("engine:llama.cpp,f16,q8_0", "at most one weight type"), ("engine:llama.cpp,kv-q8", "unknown KV cache type"),
+    ("engine:llama.cpp", "'engine' is not a perturbation kind: another engine"),
 ])
 def test_bad_specs(spec, message):
     with pytest.raises(InputError, match=message) as info:
@@ -69,5 +64,5 @@ def test_bad_specs(spec, message):
 
 def test_every_kind_is_registered_in_order():
     assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
-                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8", "engine", "stale", "reuse")
+                     "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8")
     assert {spec.partition(":")[0] for spec in CANONICAL} == set(KINDS)
