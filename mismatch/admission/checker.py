@@ -42,10 +42,11 @@ from mismatch.pairs.registry import PAIRS, load_member
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.probes.core import probe, reference
 from mismatch.model.generate import Batch, encode, generate, read_prompts
+from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, from_word, interval_verdict
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
-STATUSES = ("admit", "uncertain", "reject")
+STATUSES = tuple(ADMISSION_WORDS.values())  # admit, uncertain, reject
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"
 
 
@@ -96,10 +97,9 @@ class Admission:
 
 
 def combine_status(statuses: list[str]) -> str:
-    """Any reject → reject; else any uncertain → uncertain; else admit (nothing to judge: uncertain)."""
-    if not statuses:
-        return "uncertain"
-    return max(statuses, key=STATUSES.index)
+    """Any reject → reject; else any uncertain → uncertain; else admit (nothing to judge: uncertain):
+    `mismatch.verdict.combine` in the check's words."""
+    return combine(from_word(s) for s in statuses).word(ADMISSION_WORDS)
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,10 @@ def _bootstrap(values: dict[str, float], stat, seq_N: torch.Tensor, seed: int) -
 
 
 def decide(value: float, low: float, high: float, limit: float) -> str:
-    """admit when the interval lies at or below the limit, reject when wholly above, else uncertain."""
-    if math.isnan(value) or math.isnan(limit):
-        return "uncertain"
-    return "admit" if high <= limit else "reject" if low > limit else "uncertain"
+    """admit when the interval lies at or below the limit, reject when wholly above, else (or with no
+    value) uncertain: `mismatch.verdict.interval_verdict` in the check's words."""
+    verdict = Verdict.UNCERTAIN if math.isnan(value) else interval_verdict(low, high, limit)
+    return verdict.word(ADMISSION_WORDS)
 
 
 def _carried(source: str, level: int, status: str, note: str, r: dict | None = None) -> tuple[Decision, str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mismatch.errors import InputError
+from mismatch.verdict import Verdict, interval_verdict
 from mismatch.metrics import rollout_stats  # noqa: F401  (the statistics these gates read, defined there)
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class Gate:
     source: str
 
     def passes(self, value: float) -> bool:
-        return bool(value <= self.limit)
+        """A point value against the limit (`mismatch.verdict.interval_verdict` of `[value, value]`)."""
+        return interval_verdict(value, value, self.limit) is Verdict.PASS
 
 
 PRESETS: dict[str, tuple[Gate, ...]] = {

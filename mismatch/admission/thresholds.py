@@ -36,6 +36,7 @@ from mismatch.files import atomic_write_text
 from mismatch.opd.tolerance import kept_up, level_table, run_table
 from mismatch.results import read_results
 from mismatch.version import __version__
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 STATISTICS = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
               "mismatch_is_ratio_outside_frac")
@@ -120,8 +121,7 @@ def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
     return first.pivot_table(index="run_id", columns="metric", values="value", aggfunc="last")
 
 
-def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, kl_tol: float = 0.10,
-                    acc_tol: float = 0.02) -> pd.DataFrame:
+def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
     each first-step statistic, the level's tolerance numbers and verdict, and `tolerated` (the label:
     mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol). `runs` / `levels`: the rows'
@@ -134,7 +134,7 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     means = runs[~runs["clean"]].groupby(keys, sort=False)[list(stats.columns)].mean()
     levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"})  # mean over the whole run
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
-    points = points.assign(level=points["level"].map(str), tolerated=kept_up(points, kl_tol=kl_tol, acc_tol=acc_tol))
+    points = points.assign(level=points["level"].map(str), tolerated=kept_up(points, tolerance=tolerance))
     return points.reset_index(drop=True)
 
 
@@ -207,8 +207,7 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in frame.to_dict("records")]
 
 
-def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.10,
-                   acc_tol: float = 0.02) -> Thresholds:
+def fit_thresholds(results: str | Path | list[str | Path], *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> Thresholds:
     """Fit admission limits from a results dataset (a study with clean twins; `mismatch sweep`).
 
     Returns:
@@ -218,19 +217,19 @@ def fit_thresholds(results: str | Path | list[str | Path], *, kl_tol: float = 0.
     """
     paths = [results] if isinstance(results, (str, Path)) else list(results)
     rows = pd.concat([read_results(p) for p in paths], ignore_index=True)
-    return thresholds_from_rows(rows, sources=[str(p) for p in paths], kl_tol=kl_tol, acc_tol=acc_tol)
+    return thresholds_from_rows(rows, sources=[str(p) for p in paths], tolerance=tolerance)
 
 
-def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: float = 0.10, acc_tol: float = 0.02,
+def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: Tolerance = DEFAULT_TOLERANCE,
                          runs: pd.DataFrame | None = None) -> Thresholds:
     """`fit_thresholds` on results rows already read (`sources` names them in the provenance);
     `runs`: their `run_table` when the caller has it already."""
     rows = rows[rows["kind"] == "opd"].dropna(axis=1, how="all")
     if rows.empty:
         raise InputError(f"no OPD runs in {', '.join(sources)}")
-    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
-    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
-    points = labelled_points(rows, runs, levels, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(rows, tolerance=tolerance) if runs is None else runs
+    levels = level_table(runs, tolerance=tolerance)
+    points = labelled_points(rows, runs, levels, tolerance=tolerance)
     labels = points["tolerated"].astype(bool)
     if labels.all() or not labels.any():
         raise NotEnoughDataError(f"not enough data to fit a limit: all {len(points)} judged levels are "
@@ -244,10 +243,10 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], kl_tol: floa
     validation = [v for s in stats for v in validate(points, s)]
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
-                  "opd_run_ids_sha": _digest(opd_ids), "kl_tol": kl_tol, "acc_tol": acc_tol,
+                  "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "label": f"tolerated = mean Δ accuracy ≥ −{100 * acc_tol:g} points and mean KL ratio ≤ {1 + kl_tol:g}"}
+                  "label": f"tolerated = mean Δ accuracy ≥ −{100 * tolerance.acc_tol:g} points and mean KL ratio ≤ {1 + tolerance.kl_tol:g}"}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance)
 

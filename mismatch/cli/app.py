@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 
 from mismatch.cli import check as cli_check, engines as cli_engines
+from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
 from mismatch.cli.common import AccTol, Force, KlTol, Out, Overwrite, command, err, out
 
 # The library (torch, transformers, …) is imported inside each command, so `--help` and a usage error
@@ -124,8 +125,8 @@ def opd(
     eval_prompts: Annotated[int, typer.Option(help="Held-out prompts per evaluation.")] = 128,
     seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and noise.")] = 0,
     baseline: Annotated[bool, typer.Option(help="Also run the clean configuration and print verdicts.")] = False,
-    kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02,
+    kl_tol: KlTol = Tolerance.kl_tol,
+    acc_tol: AccTol = Tolerance.acc_tol,
     out_path: Out = None,
     overwrite: Overwrite = False,
     save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
@@ -143,8 +144,9 @@ def opd(
         progress = lambda _i, lab, k, n, m: bars.update(f"opd {lab}", k, n, f"loss {m['loss']:.3g}")  # noqa: E731
         rows = opd_lib.run_all(configs, out=out_path, overwrite=overwrite, save_to=save, progress=progress)
     title = f"OPD on {base.pair}, {base.loss}, {base.steps} steps, seed {seed}"
-    out.print(console.verdict_table(run_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol), title=title,
-                                    kl_tol=kl_tol, acc_tol=acc_tol, baseline=baseline))
+    tolerance = Tolerance(acc_tol=acc_tol, kl_tol=kl_tol)
+    out.print(console.verdict_table(run_verdicts(rows, tolerance=tolerance), title=title, tolerance=tolerance,
+                                    baseline=baseline))
     console.wrote(err, out_path, save)
 
 
@@ -217,15 +219,15 @@ def sweep(
 def report(
     results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
     out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
-    kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02,
+    kl_tol: KlTol = Tolerance.kl_tol,
+    acc_tol: AccTol = Tolerance.acc_tol,
     force: Force = False,
 ) -> None:
     """Write Markdown tables and plots from results (probe: summary.md + plots; OPD: curves + verdicts)."""
     from mismatch.cli import tables as console
     from mismatch.report import report as write_report
 
-    console.wrote(err, *write_report(results, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, force=force))
+    console.wrote(err, *write_report(results, out_dir, tolerance=Tolerance(acc_tol=acc_tol, kl_tol=kl_tol), force=force))
 
 
 for _name, _fn in (("check", cli_check.check), ("thresholds", cli_check.thresholds),

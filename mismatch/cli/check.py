@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
 from mismatch.cli.common import AccTol, KlTol, err, out
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
@@ -52,8 +53,8 @@ def check(
 def thresholds(
     results: Annotated[list[Path], typer.Argument(help="Results dataset(s) of a study with clean twins.")],
     out_path: Annotated[Path, typer.Option("--out", help="Where to write the thresholds JSON.")],
-    kl_tol: KlTol = 0.10,
-    acc_tol: AccTol = 0.02,
+    kl_tol: KlTol = Tolerance.kl_tol,
+    acc_tol: AccTol = Tolerance.acc_tol,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
     from mismatch import admission as admission_lib
@@ -61,6 +62,6 @@ def thresholds(
     from mismatch.files import check_writable
 
     check_writable(out_path, "--out", folder=False)  # before the fit, not after it
-    fitted = admission_lib.fit_thresholds(results, kl_tol=kl_tol, acc_tol=acc_tol)
+    fitted = admission_lib.fit_thresholds(results, tolerance=Tolerance(acc_tol=acc_tol, kl_tol=kl_tol))
     out.print(console.thresholds_table(fitted))
     console.wrote(err, fitted.to_json(out_path))

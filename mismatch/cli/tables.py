@@ -19,6 +19,7 @@ from mismatch.model.loader import context_length
 from mismatch.pairs.build import parameter_count
 from mismatch.probes.runs import CandidateResult, ProbeConfig
 from mismatch.sweep import Study, SweepReport, task_label
+from mismatch.verdict import Tolerance
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,12 +105,12 @@ def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
     return table
 
 
-def verdict_table(table: pd.DataFrame, *, title: str, kl_tol: float, acc_tol: float, baseline: bool) -> Table:
+def verdict_table(table: pd.DataFrame, *, title: str, tolerance: Tolerance, baseline: bool) -> Table:
     """`mismatch.opd.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
     level's over the seeds given: one seed is `uncertain`) when it has a clean baseline."""
     columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
     if baseline:
-        columns += [f"KL ratio (≤ {1 + kl_tol:.2f})", f"accuracy Δ (≥ {-100 * acc_tol:.0f} pts)", "verdict"]
+        columns += [f"KL ratio (≤ {1 + tolerance.kl_tol:.2f})", f"accuracy Δ (≥ {-100 * tolerance.acc_tol:.0f} pts)", "verdict"]
     out = Table(*columns, title=escape(title))
     for row in table.itertuples():
         cells = [escape(row.rollout), f"{row.heldout_rkl:.4g}", f"{row.heldout_accuracy:.1%}"]

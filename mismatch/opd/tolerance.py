@@ -26,6 +26,7 @@ import pandas as pd
 from mismatch.opd.config import COMPARISON_FIELDS
 from mismatch.opd.verdict import DIVERGED_FACTOR, opd_runs, verdict_table
 from mismatch.rollout_spec import RolloutSpec
+from mismatch.verdict import DEFAULT_TOLERANCE, TOLERANCE_WORDS, Tolerance
 
 # two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -63,26 +64,9 @@ def weight_bits(spec: str) -> float:
     return RolloutSpec.parse(spec.split(" + ")[0]).weight_bits
 
 
-def _judge(mean: float, half: float, limit: float, *, upper: bool) -> str:
-    """Verdict of one interval against one threshold (`upper`: the value must stay ≤ limit)."""
-    if math.isnan(mean):
-        return "uncertain"
-    lo, hi = (mean - half, mean + half) if not math.isnan(half) else (-math.inf, math.inf)
-    if upper:
-        return "tolerated" if hi <= limit else "not tolerated" if lo > limit else "uncertain"
-    return "tolerated" if lo >= limit else "not tolerated" if hi < limit else "uncertain"
-
-
-def combine(*verdicts: str) -> str:
-    """All criteria tolerated → tolerated; any wholly beyond → not tolerated; else uncertain."""
-    if "not tolerated" in verdicts:
-        return "not tolerated"
-    return "tolerated" if all(v == "tolerated" for v in verdicts) else "uncertain"
-
-
-def run_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """`verdict_table` of every OPD run plus its source, level and settings (the varying fields)."""
-    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
+    table = verdict_table(rows, tolerance=tolerance)
     configs = pd.DataFrame([cfg for cfg, _ in opd_runs(rows)]).set_index("run_id")
     fields = [f for f in COMPARISON_FIELDS if f in configs.columns and f not in NOT_SETTINGS]
     varying = [f for f in fields if configs[f].map(_short).nunique() > 1]  # None and NaN alike: "off"
@@ -106,7 +90,7 @@ def _short(value: object) -> str:
     return str(value)
 
 
-def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
     over seeds; runs sharing a seed are averaged into one value first): seeds (distinct), mean
     mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
@@ -117,12 +101,10 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
         group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl"]].mean()
         acc, acc_hw = t_interval(group["acc_delta"].dropna())
         kl, kl_hw = t_interval(group["kl_ratio"].dropna())
-        verdicts = [_judge(kl, kl_hw, 1 + kl_tol, upper=True)]
-        if not math.isnan(acc):
-            verdicts.append(_judge(acc, acc_hw, -acc_tol, upper=False))
+        judged_as = tolerance.judge(kl, kl_hw, acc, acc_hw).word(TOLERANCE_WORDS)  # the one interval rule
         out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
                     "mismatch_kl": float(group["mismatch_kl"].mean()), "acc_delta": acc, "acc_delta_hw": acc_hw,
-                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": combine(*verdicts)})
+                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as})
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame
@@ -133,13 +115,13 @@ def level_table(runs: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.
     return frame.drop(columns="order").reset_index(drop=True)
 
 
-def run_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def run_verdicts(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """`run_table` with each run's verdict as the one rule gives it — its level's, pooled over every seed
     of the level in `rows` (so one seed is `uncertain`, never a verdict) — in `verdict`, the level's
     `seeds`, and `status`: the verdict, `baseline` for a clean run, `no baseline`, or `unfinished at step
     k of N` for a run (or its clean twin) that did not reach its last step (never read as final)."""
-    runs = run_table(rows, kl_tol=kl_tol, acc_tol=acc_tol)
-    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(rows, tolerance=tolerance)
+    levels = level_table(runs, tolerance=tolerance)
     keys = ["pair", "source", "settings", "level"]
     by_level = {tuple(r[k] for k in keys): (r["verdict"], r["seeds"]) for r in levels.to_dict("records")}
     found = [by_level.get(tuple(r[k] for k in keys), ("uncertain", 0)) for r in runs.to_dict("records")]
@@ -160,12 +142,12 @@ def run_verdicts(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0
     return runs.assign(verdict=[v for v, _ in found], seeds=[n for _, n in found], status=status)
 
 
-def kept_up(levels: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.Series:
+def kept_up(levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.Series:
     """Per level, whether its *means* over seeds lie within the thresholds (Δ accuracy ≥ −acc_tol,
     no accuracy counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which
     the interval verdict may still call uncertain."""
-    acc_ok = levels["acc_delta"].isna() | (levels["acc_delta"] >= -acc_tol)
-    return acc_ok & (levels["kl_ratio"] <= 1 + kl_tol)
+    acc_ok = levels["acc_delta"].isna() | (levels["acc_delta"] >= -tolerance.acc_tol)
+    return acc_ok & (levels["kl_ratio"] <= 1 + tolerance.kl_tol)
 
 
 def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from mismatch.opd.config import comparison_key, rollout_label
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 METRIC_COLUMNS = ("step", "metric", "value")
 DIVERGED_FACTOR = 1.5  # a run whose final held-out KL exceeds 1.5 × its step-0 value has diverged
@@ -43,8 +44,7 @@ def mean_value(rows: list[dict], metric: str) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.10,
-            acc_tol: float = 0.02) -> dict[str, float | bool]:
+def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> dict[str, float | bool]:
     """Compare a run's final held-out metrics with the clean run's (same seed, same prompts), at the
     last evaluation step both recorded (the final one once both runs have ended).
 
@@ -67,10 +67,7 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, kl_tol: float = 0.1
     out["kl_ratio"] = out["run_heldout_rkl"] / clean_kl if clean_kl != 0 else (  # a clean run at KL 0
         1.0 if out["run_heldout_rkl"] == 0 else math.inf)
     out["acc_delta"] = out["run_heldout_accuracy"] - out["clean_heldout_accuracy"]
-    ok = out["kl_ratio"] <= 1.0 + kl_tol
-    if not math.isnan(out["acc_delta"]):
-        ok = ok and out["acc_delta"] >= -acc_tol
-    out["tolerated"] = bool(ok)
+    out["tolerated"] = tolerance.kept_up(out["kl_ratio"], out["acc_delta"])  # one run: the point values
     return out
 
 
@@ -93,7 +90,7 @@ def run_label(config: dict) -> str:
     return label
 
 
-def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02) -> pd.DataFrame:
+def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per OPD run: what it trained under, where it ended, and its verdict.
 
     Columns: run_id, pair, rollout (label), clean (bool), seed, baseline (run_id of the clean run it is
@@ -111,7 +108,7 @@ def verdict_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 
     for cfg, metrics in runs:
         is_clean = run_label(cfg) == "clean"
         base_id, base = clean.get(comparison_key(cfg), ("", None))
-        v = verdict(base, metrics, kl_tol=kl_tol, acc_tol=acc_tol) if base is not None and not is_clean else {}
+        v = verdict(base, metrics, tolerance=tolerance) if base is not None and not is_clean else {}
         table.append({"run_id": cfg["run_id"], "pair": cfg.get("pair"), "rollout": run_label(cfg), "clean": is_clean,
                       "seed": cfg.get("seed"),
                       "baseline": base_id if not is_clean else cfg["run_id"],

@@ -28,9 +28,10 @@ from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
 from mismatch.opd.tolerance import level_table, run_table
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 
-def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                   sources: list[str] | None = None) -> list[Path]:
     """Write every report the rows support into `out_dir`; return the files written, in order.
     `sources` names where the rows came from (in the admission thresholds' provenance)."""
@@ -39,17 +40,17 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.
     if "probe" in present:
         written += write_probe_report(of_kind(rows, "probe"), out_dir)
     if "opd" in present:
-        written += write_opd_report(of_kind(rows, "opd"), out_dir, kl_tol=kl_tol, acc_tol=acc_tol)
-        runs = run_table(rows[rows["kind"] == "opd"], kl_tol=kl_tol, acc_tol=acc_tol)  # once, for the three below
-        tol = dict(kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
+        written += write_opd_report(of_kind(rows, "opd"), out_dir, tolerance=tolerance)
+        runs = run_table(rows[rows["kind"] == "opd"], tolerance=tolerance)  # once, for the three below
+        tol = dict(tolerance=tolerance, runs=runs)
         written += write_sweep_report(rows, out_dir, **tol)
         written += write_admission_report(rows, out_dir, sources=sources or ["results"], **tol)
         written += write_frontier_report(rows, out_dir, **tol)
-        written += write_engines_report(rows, out_dir, levels=level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol))
+        written += write_engines_report(rows, out_dir, levels=level_table(runs, tolerance=tolerance))
     return written
 
 
-def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+def report(paths: list[str | Path], out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
            force: bool = False) -> list[Path]:
     """`mismatch report`: read results (directories or files, old ones too) and write the reports into
     `out_dir`, which records what they were written from (`report.manifest`): a folder holding
@@ -59,7 +60,7 @@ def report(paths: list[str | Path], out_dir: str | Path, *, kl_tol: float = 0.10
     rows = read_many(paths)
     run_ids = set(rows["run_id"].dropna().astype(str))
     old = claim(out_dir, sources, run_ids, force=force)
-    written = write_reports(rows, out_dir, kl_tol=kl_tol, acc_tol=acc_tol, sources=sources)
+    written = write_reports(rows, out_dir, tolerance=tolerance, sources=sources)
     return [*written, record(out_dir, sources, run_ids, written, old)]
 
 

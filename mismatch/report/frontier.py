@@ -28,6 +28,7 @@ from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import member_spec
 from mismatch.report.common import plus_minus
 from mismatch.opd.tolerance import kept_up, level_table, run_table
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
 
@@ -62,14 +63,14 @@ NOT_COSTED = ("Engine levels (`engine:llama.cpp,…`) are not costed here: which
               "measures their decoding speed instead.")
 
 
-def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+def frontier_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                    runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every judged level with its cost factors (`COST_COLUMNS`), `kept_up` (the means within the
     thresholds), and `cheapest` marks: `tolerated` / `by means` on each pair's cheapest such level
     by step wall clock. `runs`: the OPD rows' `run_table` when the caller has it already."""
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
-    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(opd, tolerance=tolerance) if runs is None else runs
+    levels = level_table(runs, tolerance=tolerance)
     levels = levels[levels["source"] != "engine"] if len(levels) else levels  # NOT_COSTED
     if levels.empty:
         return levels
@@ -94,7 +95,7 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
                          rollout_share=shares.get(row.pair, 0.5))
         costs.append({name: getattr(c, name) for name in COST_COLUMNS} | {"rollout_share": c.rollout_share})
     table = pd.concat([levels.reset_index(drop=True), pd.DataFrame(costs)], axis=1)
-    table["kept_up"] = kept_up(table, kl_tol=kl_tol, acc_tol=acc_tol)
+    table["kept_up"] = kept_up(table, tolerance=tolerance)
     table["cheapest"] = ""
     for _, group in table.groupby("pair", sort=False):
         for label, mask in (("tolerated", group["verdict"] == "tolerated"), ("by means", group["kept_up"])):
@@ -104,15 +105,15 @@ def frontier_table(rows: pd.DataFrame, *, kl_tol: float = 0.10, acc_tol: float =
     return table.sort_values(["pair", "step_wall"], kind="stable").reset_index(drop=True)
 
 
-def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> str:
+def frontier_markdown(table: pd.DataFrame, *, tolerance: Tolerance) -> str:
     """The frontier as Markdown, one table per pair, cheapest first."""
     lines = ["# Cost frontier", "",
              "Analytic cost of each rollout configuration of the study relative to clean synchronous rollouts in "
              "the student's own precision (fp32): weight bytes read per decoded token, rollouts generated per "
              "trained step (1/R with reuse), and the step's wall clock (rollout share measured in the pair's clean "
              "runs; a lag K ≥ 1 overlaps generation and training). Δ and KL ratio against each run's clean twin, "
-             f"mean ± 95% interval over seeds; *kept up* = means within −{100 * acc_tol:g} points and "
-             f"{1 + kl_tol:g}; *cheapest* marks each pair's cheapest level by step wall clock that was tolerated "
+             f"mean ± 95% interval over seeds; *kept up* = means within −{100 * tolerance.acc_tol:g} points and "
+             f"{1 + tolerance.kl_tol:g}; *cheapest* marks each pair's cheapest level by step wall clock that was tolerated "
              "(intervals) and that kept up (means). " + NOT_COSTED, ""]
     for pair, group in table.groupby("pair", sort=False):
         lines += [f"## {pair} (rollout share of a clean step {group['rollout_share'].iloc[0]:.2f})", "",
@@ -127,14 +128,13 @@ def frontier_markdown(table: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> 
     return "\n".join(lines)
 
 
-def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
-                          acc_tol: float = 0.02, runs: pd.DataFrame | None = None) -> list[Path]:
+def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE, runs: pd.DataFrame | None = None) -> list[Path]:
     """Write `cost_frontier.md` and `cost_frontier.csv` (nothing without judged OPD levels)."""
-    table = frontier_table(rows, kl_tol=kl_tol, acc_tol=acc_tol, runs=runs)
+    table = frontier_table(rows, tolerance=tolerance, runs=runs)
     if table.empty:
         return []
     out_dir = Path(out_dir)
     written = [out_dir / "cost_frontier.md", out_dir / "cost_frontier.csv"]
-    written[0].write_text(frontier_markdown(table, kl_tol=kl_tol, acc_tol=acc_tol), encoding="utf-8")
+    written[0].write_text(frontier_markdown(table, tolerance=tolerance), encoding="utf-8")
     table.to_csv(written[1], index=False)
     return written

@@ -19,6 +19,7 @@ import pandas as pd
 from mismatch.opd.verdict import final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.opd.tolerance import run_verdicts
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
@@ -56,14 +57,14 @@ def _config_value(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> list[str]:
-    table = run_verdicts(rows, kl_tol=kl_tol, acc_tol=acc_tol)  # verdict_table + source, level, verdict
+def _verdicts_markdown(rows: pd.DataFrame, tolerance: Tolerance) -> list[str]:
+    table = run_verdicts(rows, tolerance=tolerance)  # verdict_table + source, level, verdict
     judged = table[~table["clean"] & (table["baseline"] != "")]
     settings = dict(zip(table["run_id"], table["settings"])) if table["settings"].nunique() > 1 else {}
     seeds = table["seed"].nunique() > 1
     lines = ["# OPD under rollout mismatch: tolerance verdicts", "",
-             f"Tolerated: final held-out reverse KL ≤ {1 + kl_tol:.2f} × clean and final held-out accuracy "
-             f"≥ clean − {100 * acc_tol:.0f} points (same seed, same prompts); the verdict is the level's, over "
+             f"Tolerated: final held-out reverse KL ≤ {1 + tolerance.kl_tol:.2f} × clean and final held-out accuracy "
+             f"≥ clean − {100 * tolerance.acc_tol:.0f} points (same seed, same prompts); the verdict is the level's, over "
              "its seeds' 95% intervals (one seed: uncertain), and a run that did not reach its last step is "
              "marked unfinished, never judged. `mismatch_kl`: mean over steps of "
              "KL(rollout ‖ student) on each step's rollout tokens (k1 estimate on the sampled tokens, nats).", ""]
@@ -95,14 +96,13 @@ def _verdicts_markdown(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> lis
     return lines + [markdown_table(shown)]
 
 
-def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10,
-                     acc_tol: float = 0.02) -> list[Path]:
+def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> list[Path]:
     """Write `opd_verdicts.md` and, for at most `MAX_CURVES` runs, `opd_curves.png` for the OPD runs
     in `rows` (tidy, kind `opd`); returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     verdicts = out_dir / "opd_verdicts.md"
-    verdicts.write_text("\n".join(_verdicts_markdown(rows, kl_tol, acc_tol)) + "\n")
+    verdicts.write_text("\n".join(_verdicts_markdown(rows, tolerance)) + "\n")
     if rows["run_id"].nunique() > MAX_CURVES:  # a study: seed_curves.png (report.sweep) shows seed means
         return [verdicts]
     return [save_figure(curves_figure(rows), out_dir / "opd_curves.png"), verdicts]

@@ -29,6 +29,7 @@ from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure,
 from mismatch.report.probe import is_isolation
 from mismatch.opd.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
 from mismatch.results import summaries
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 MARKERS = "osD^v<>P*X"
 
@@ -51,7 +52,7 @@ def _series_labels(part: pd.DataFrame, shared: set[str]) -> dict[tuple[str, str]
     return labels
 
 
-def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
+def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
     """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source, one line per pair ×
     settings, bars = 95% seed intervals; dashed lines = the thresholds."""
     sources = [s for s in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES) if s in set(levels["source"])]
@@ -78,7 +79,7 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
             for row in range(2):
                 axes[row, col].set_xticks(range(len(formats)), [f"{f} ({weight_bits(f):g} b)" for f in formats],
                                           rotation=30, ha="right", fontsize=7)
-        for row, (limit, name) in enumerate(((-100 * acc_tol, "Δ accuracy (points)"), (1 + kl_tol, "KL ratio"))):
+        for row, (limit, name) in enumerate(((-100 * tolerance.acc_tol, "Δ accuracy (points)"), (1 + tolerance.kl_tol, "KL ratio"))):
             ax = axes[row, col]
             ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
             ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
@@ -96,7 +97,7 @@ def levels_figure(levels: pd.DataFrame, *, kl_tol: float, acc_tol: float):
     return fig
 
 
-def mismatch_figure(levels: pd.DataFrame, *, acc_tol: float):
+def mismatch_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
     """Δ accuracy vs the measured mismatch (mean mismatch_kl during the run, log axis): every level of
     every source and pair, colour by source, marker by pair."""
     fig, ax = subplots(1, figsize=(8, 5.5))
@@ -107,7 +108,7 @@ def mismatch_figure(levels: pd.DataFrame, *, acc_tol: float):
         ax.errorbar(part["mismatch_kl"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
                     marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=colors[source], capsize=2,
                     label=f"{source} · {pair}")
-    ax.axhline(-100 * acc_tol, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(-100 * tolerance.acc_tol, color="grey", linestyle="--", linewidth=1)
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xscale("log")
     style_axes(ax, xlabel="measured mismatch: mean KL(rollout ‖ student) per token during the run (nats)",
@@ -211,7 +212,7 @@ def static_dynamic_figure(joined: pd.DataFrame):
     return fig
 
 
-def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, kl_tol: float, acc_tol: float) -> str:
+def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance) -> str:
     shown = levels.assign(
         level=levels["level"].map(str),
         mismatch_kl=levels["mismatch_kl"].map(lambda v: f"{v:.3g}"),
@@ -221,8 +222,8 @@ def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, kl_tol: float, acc
     return "\n".join([
         "# Tolerance of OPD to rollout mismatch", "",
         f"Each run is compared with its clean twin (same configuration and seed, clean rollouts). A level is "
-        f"*tolerated* when the 95% intervals over seeds of both Δ final held-out accuracy (≥ −{100 * acc_tol:g} "
-        f"points) and the final held-out KL ratio (≤ {1 + kl_tol:g}) lie within the thresholds, *not tolerated* "
+        f"*tolerated* when the 95% intervals over seeds of both Δ final held-out accuracy (≥ −{100 * tolerance.acc_tol:g} "
+        f"points) and the final held-out KL ratio (≤ {1 + tolerance.kl_tol:g}) lie within the thresholds, *not tolerated* "
         "when either lies wholly beyond, *uncertain* otherwise (one seed: no interval, always uncertain). "
         "`mismatch_kl`: mean over the run's steps of KL(rollout ‖ student) on the rollout tokens (nats).", "",
         "## Tolerance per pair × source", "", markdown_table(summary), "",
@@ -235,24 +236,24 @@ def _pm(mean: float, half: float, pattern: str) -> str:
     return pattern.format(mean) + ("" if math.isnan(half) else f" ± {half:.3g}" if half < 1 else f" ± {half:.1f}")
 
 
-def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, kl_tol: float = 0.10, acc_tol: float = 0.02,
+def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                        runs: pd.DataFrame | None = None) -> list[Path]:
     """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows;
     `runs`: the OPD rows' `run_table` when the caller has it already."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, kl_tol=kl_tol, acc_tol=acc_tol) if runs is None else runs
-    levels = level_table(runs, kl_tol=kl_tol, acc_tol=acc_tol)
+    runs = run_table(opd, tolerance=tolerance) if runs is None else runs
+    levels = level_table(runs, tolerance=tolerance)
     if levels.empty:
         return []
     summary = tolerance_table(levels)
     written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv"]
-    written[0].write_text(_markdown(summary, levels, kl_tol=kl_tol, acc_tol=acc_tol))
+    written[0].write_text(_markdown(summary, levels, tolerance=tolerance))
     summary.to_csv(written[1], index=False)
     levels.to_csv(written[2], index=False)
-    written.append(save_figure(levels_figure(levels, kl_tol=kl_tol, acc_tol=acc_tol), out_dir / "tolerance_levels.png"))
-    written.append(save_figure(mismatch_figure(levels, acc_tol=acc_tol), out_dir / "tolerance_vs_mismatch.png"))
+    written.append(save_figure(levels_figure(levels, tolerance=tolerance), out_dir / "tolerance_levels.png"))
+    written.append(save_figure(mismatch_figure(levels, tolerance=tolerance), out_dir / "tolerance_vs_mismatch.png"))
     written.append(save_figure(seed_curves_figure(opd, runs), out_dir / "seed_curves.png"))
     students = _student_probes(rows)
     if len(students) and students["layers"].map(is_isolation).any():

@@ -5,6 +5,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from mismatch.verdict import Tolerance
 from mismatch.cli.app import app
 from mismatch.opd.verdict import final_value, verdict, verdict_table
 from mismatch.results import read_results
@@ -28,7 +29,7 @@ def test_verdict_thresholds():
     assert ok["tolerated"]
     assert not verdict(clean, _rows({20: 2.21}, {20: 0.60}))["tolerated"]
     assert not verdict(clean, _rows({20: 2.0}, {20: 0.57}))["tolerated"]
-    assert verdict(clean, _rows({20: 2.0}, {20: 0.57}), acc_tol=0.05)["tolerated"]
+    assert verdict(clean, _rows({20: 2.0}, {20: 0.57}), tolerance=Tolerance(acc_tol=0.05))["tolerated"]
     no_task = verdict(_rows({20: 2.0}, {}), _rows({20: 2.1}, {}))  # KL only
     assert no_task["tolerated"] and math.isnan(no_task["acc_delta"])
 

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mismatch.verdict import Tolerance
 from mismatch.opd.config import COMPARISON_FIELDS, ROLLOUT_FIELDS, OPDConfig, rollout_label
 from mismatch.opd.verdict import verdict_table
 from mismatch.report.opd import curves_figure, write_opd_report
@@ -65,7 +66,7 @@ def _slow_verdicts(rows: pd.DataFrame, kl_tol: float, acc_tol: float) -> dict[st
 
 @pytest.mark.parametrize("kl_tol,acc_tol", [(0.10, 0.02), (0.01, 0.02), (0.10, 0.10)])
 def test_verdict_numbers_equal_a_recomputation_from_the_rows(rows, kl_tol, acc_tol):
-    table = verdict_table(rows, kl_tol=kl_tol, acc_tol=acc_tol).set_index("rollout")
+    table = verdict_table(rows, tolerance=Tolerance(acc_tol=acc_tol, kl_tol=kl_tol)).set_index("rollout")
     expected = _slow_verdicts(rows, kl_tol, acc_tol)
     judged = table[~table["clean"] & (table["baseline"] != "")]
     assert sorted(judged.index) == sorted(expected) == ["int4:group128", "stale:4"]
