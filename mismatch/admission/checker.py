@@ -27,40 +27,23 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from mismatch.admission.calibration import calibration_prompts, response_budget, small_calibration_notes, wanted_tokens
 from mismatch.admission.cost import measured_cost, rollout_cost
-from mismatch.admission.gates import Gate, preset_gates, rollout_stats
+from mismatch.admission.gates import Gate, preset_gates
+from mismatch.admission.judge import Decision, combine_status, judge, resolve_gates
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
 from mismatch.errors import InputError
-from mismatch.metrics import checked_inputs, sampled_token_metrics
-from mismatch.model.loader import LM, context_length
-from mismatch.pairs.registry import PAIRS, load_member
+from mismatch.model.generate import Batch, generate
+from mismatch.model.loader import LM
+from mismatch.pairs.registry import load_member
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.probes.core import probe, reference
-from mismatch.model.generate import Batch, encode, generate, read_prompts
-from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, from_word, interval_verdict
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
-BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
-STATUSES = tuple(ADMISSION_WORDS.values())  # admit, uncertain, reject
-DEFAULT_ROLLOUT = "fp8-e4m3:block128"
-
-
-@dataclass
-class Decision:
-    """One gate applied: the statistic's value and 95% interval, the limit, where it comes from."""
-
-    metric: str
-    value: float
-    low: float
-    high: float
-    limit: float
-    source: str
-    status: str  # admit (interval ≤ limit), reject (interval > limit), uncertain
+DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 
 
 @dataclass
@@ -94,94 +77,6 @@ class Admission:
         out["admitted"] = self.admitted
         out["violations"] = [asdict(v) for v in self.violations]
         return out
-
-
-def combine_status(statuses: list[str]) -> str:
-    """Any reject → reject; else any uncertain → uncertain; else admit (nothing to judge: uncertain):
-    `mismatch.verdict.combine` in the check's words."""
-    return combine(from_word(s) for s in statuses).word(ADMISSION_WORDS)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The calibration set's prompts and how to sample them."""
-
-    texts: list[str]
-    source: str
-    chat: bool | None  # None: decided from the tokenizer
-    context: tuple[tuple[str, str], ...] = ()
-    max_new_tokens: int | None = None  # None: the caller's default
-
-
-def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_prompts: int, seed: int
-                        ) -> Calibration:
-    """The user's prompts (a file or a list), else a pair student's own held-out task prompts (with
-    the pair's chat setting, context and response length), else the built-in general prompts; the
-    first `n_prompts` of them."""
-    if n_prompts < 1:
-        raise InputError(f"n_prompts must be ≥ 1, got {n_prompts}")
-    pair_name, _, role = model.rpartition(":")
-    if prompts is None and pair_name in PAIRS:
-        from mismatch.pairs import load_pair
-
-        pair = load_pair(pair_name)
-        if pair.task is not None:
-            context = pair.student_context if role == "student" else pair.teacher_context
-            return Calibration(pair.prompts("held_out", n_prompts, seed=seed), f"{pair_name} held-out task prompts",
-                               pair.chat, context, pair.max_new_tokens)
-    if prompts is None:
-        texts, source = read_prompts(DEFAULT_PROMPTS), "built-in general prompts"
-    elif isinstance(prompts, (str, Path)):
-        texts, source = read_prompts(prompts), str(prompts)
-    else:
-        texts, source = list(prompts), "given prompts"
-    if not texts:
-        raise InputError("no calibration prompts")
-    return Calibration(texts[:n_prompts], source, None)
-
-
-def _wanted_tokens(max_new_tokens: int | None, cal: Calibration) -> int:
-    """New tokens per calibration response: as given, else the calibration set's, else 128."""
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-    return max_new_tokens or cal.max_new_tokens or 128
-
-
-def response_budget(lm: LM, cal: Calibration, chat: bool, wanted: int) -> int:
-    """`wanted` new tokens, capped so the longest prompt plus its response fits the model's context."""
-    limit = context_length(lm.model)
-    if limit is None:
-        return wanted
-    longest = max(len(ids) for ids in encode(lm.tokenizer, cal.texts, chat=chat, context=cal.context))
-    if longest >= limit:
-        raise InputError(f"a calibration prompt has {longest} tokens; {lm.name}'s context is {limit}")
-    return min(wanted, limit - longest)
-
-
-def _bootstrap(values: dict[str, float], stat, seq_N: torch.Tensor, seed: int) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of each statistic in `values` over `BOOTSTRAP` resamples of the sequences;
-    NaN (so every decision is uncertain) with fewer than 2 sequences, where resampling shows no spread."""
-    n_seq = int(seq_N.max()) + 1
-    if n_seq < 2:
-        return {k: (math.nan, math.nan) for k in values}
-    rows_of = [torch.nonzero(seq_N == s).squeeze(1) for s in range(n_seq)]
-    gen = torch.Generator().manual_seed(seed)
-    draws: dict[str, list[float]] = {k: [] for k in values}
-    for _ in range(BOOTSTRAP):
-        pick = torch.randint(0, n_seq, (n_seq,), generator=gen)
-        idx = torch.cat([rows_of[s] for s in pick.tolist()])
-        new_seq = torch.cat([torch.full((len(rows_of[s]),), i) for i, s in enumerate(pick.tolist())])
-        got = stat(idx, new_seq)
-        for k in values:
-            draws[k].append(got[k])
-    return {k: (float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))) for k, v in draws.items()}
-
-
-def decide(value: float, low: float, high: float, limit: float) -> str:
-    """admit when the interval lies at or below the limit, reject when wholly above, else (or with no
-    value) uncertain: `mismatch.verdict.interval_verdict` in the check's words."""
-    verdict = Verdict.UNCERTAIN if math.isnan(value) else interval_verdict(low, high, limit)
-    return verdict.word(ADMISSION_WORDS)
 
 
 def _carried(source: str, level: int, status: str, note: str, r: dict | None = None) -> tuple[Decision, str]:
@@ -218,7 +113,7 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[D
     return _carried(source, level, status, note, r)
 
 
-def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str | Path | list[str] | None = None,
+def check(model: str | LM, rollout: str | None = None, prompts: str | Path | list[str] | None = None,
           layers: str = "linear", thresholds: Thresholds | str | Path | dict[str, float] | None = None,
           seed: int = 0, *, staleness: int = 0, reuse: int = 1, presets: tuple[str, ...] = (),
           n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0,
@@ -228,7 +123,7 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
     Args:
         model: anything `mismatch.load` takes (a local checkpoint, a built-in, `PAIR:student`), or an LM.
         rollout: the rollout copy's perturbation spec (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`,
-            …); staleness and reuse are given separately.
+            …); staleness and reuse are given separately. None: `DEFAULT_ROLLOUT`, unless `rollouts` is given.
         prompts: calibration prompts (a file, one per line, or a list); default: a pair student's
             held-out task prompts, else the built-in general prompts.
         layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
@@ -243,24 +138,24 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
         recipe: search a mixed-precision recipe (`mismatch.admission.recipe`) even when not rejected; a
             rejection by the first (fitted) gate always searches one, against that gate.
         rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
-            the engine's own log-probs), scored by `model` teacher-forced; `rollout` must then be None.
+            the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
 
     Returns:
         An `Admission`.
     """
     if rollouts is not None:
-        if rollout not in (None, DEFAULT_ROLLOUT):
+        if rollout is not None:  # an explicit spec is never dropped in favour of the dump
             raise InputError("give either a rollout spec or a rollouts file, not both")
         return _check_dump(model, rollouts, thresholds, seed=seed, staleness=staleness, reuse=reuse,
                            presets=presets, clip=clip, recipe=recipe)
-    spec = _rollout_spec(rollout)
+    spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
     name, lm = _loaded(model, staleness, reuse, seed)
     select(lm.model, layers)  # fail fast on a bad scope
     cal = calibration_prompts(name, prompts, n_prompts, seed)
     use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
-    new_tokens = response_budget(lm, cal, use_chat, _wanted_tokens(max_new_tokens, cal))
+    new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(max_new_tokens, cal))
     table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
@@ -271,7 +166,7 @@ def check(model: str | LM, rollout: str | None = DEFAULT_ROLLOUT, prompts: str |
     decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
-                          notes=[*_small_calibration(calibration["sequences"]), *(n for _, n in lagged)],
+                          notes=[*small_calibration_notes(calibration["sequences"]), *(n for _, n in lagged)],
                           calibration=calibration)
     searched = recipe or decisions[0].status == "reject"  # the fitted (first) gate failed, or asked for
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
@@ -284,9 +179,8 @@ def _sampled(batch) -> dict[str, int]:
     return {"sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens}
 
 
-def _rollout_spec(rollout: str | None):
-    if rollout is None:
-        raise InputError("give a rollout spec (--rollout fp8-e4m3:block128, …) or an engine's rollouts (--rollouts FILE)")
+def _rollout_spec(rollout: str):
+    """The rollout copy's perturbation config; staleness and reuse are the pipeline's, given apart."""
     if rollout.partition(":")[0].strip() in ("stale", "reuse"):
         raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
     return parse_spec(rollout)
@@ -303,18 +197,7 @@ def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresho
     """The resolved thresholds table (the fitted gate's and the lagged verdicts') and the gates to apply."""
     table = thresholds if isinstance(thresholds, Thresholds) else (
         load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
-    return table, _gates(thresholds, table) + list(preset_gates(tuple(presets)))
-
-
-MIN_SEQUENCES = 8  # below this, a bootstrap over the calibration sequences says little
-
-
-def _small_calibration(sequences: int) -> list[str]:
-    """A note when the calibration set is too small for its 95% intervals to mean much."""
-    if sequences >= MIN_SEQUENCES:
-        return []
-    return [f"only {sequences} calibration sequence{'s' if sequences != 1 else ''}: a 95% interval bootstrapped "
-            f"over so few means little (use ≥ {MIN_SEQUENCES}: --n-prompts, or a larger dump)"]
+    return table, resolve_gates(thresholds, table) + list(preset_gates(tuple(presets)))
 
 
 def _lagged(table: Thresholds, staleness: int, reuse: int) -> list[tuple[Decision, str]]:
@@ -334,7 +217,7 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
     lagged = _lagged(table, staleness, reuse)
     decisions = [*decisions, *(d for d, _ in lagged)]
-    notes = [*scored.notes, *_small_calibration(int(scored.summary["sequences"])), *(n for _, n in lagged)]
+    notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])), *(n for _, n in lagged)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
     calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),
@@ -395,64 +278,3 @@ def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate],
     return metrics, decisions, batch
 
 
-def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor,
-          gates: list[Gate] | None = None, *, clip: float = 2.0, seed: int = 0
-          ) -> tuple[dict[str, float], list[Decision]]:
-    """The check's statistics and gate decisions on log-probs a training loop already has.
-
-    In OPD or RL the first batch's rollouts (sampled by the rollout engine) and the trainer's
-    log-probs of them before its first update are exactly what `check` samples and scores for itself;
-    judging them costs only the statistics and the bootstrap.
-
-    Args:
-        logp_train_N, logp_rollout_N: `[N]` log-probs of the sampled tokens under the trained policy
-            and under the rollout policy that sampled them (nats).
-        seq_N: `[N]` each token's sequence (any integer labels).
-        gates: default: the shipped fitted gate.
-
-    Returns:
-        `(metrics, decisions)` as in `Admission`.
-    """
-    gates = gates if gates is not None else _gates(None, load_thresholds())
-    relabelled = torch.unique(seq_N.long(), return_inverse=True)[1]  # 0..S-1, the shape of seq_N
-    logp_train, logp_rollout, seq = checked_inputs(logp_train_N, logp_rollout_N, relabelled)
-
-    def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
-        own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
-        return {**{f"mismatch_{k}": v for k, v in own.items()},
-                **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
-
-    metrics = stats(torch.arange(len(seq)), seq)
-    _require_statistics({g.metric for g in gates}, set(metrics))
-    intervals = _bootstrap({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
-    return metrics, [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
-                              decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
-
-
-def _require_statistics(names: set[str], known: set[str]) -> None:
-    unknown = sorted(names - known)
-    if unknown:
-        raise InputError(f"no statistic {', '.join(map(repr, unknown))} to gate; one of {', '.join(sorted(known))}")
-
-
-def gate_statistics() -> set[str]:
-    """The names a gate can judge: the check's `mismatch_*` statistics and the frameworks' names."""
-    one = torch.zeros(2, dtype=torch.float64)
-    return ({f"mismatch_{k}" for k in sampled_token_metrics(one, one, 2.0)}
-            | set(rollout_stats(one, one, torch.tensor([0, 1]))))
-
-
-def _gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds) -> list[Gate]:
-    """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds)."""
-    if isinstance(thresholds, dict):
-        if not thresholds:
-            raise InputError("no gate: give at least one {statistic: limit}")
-        _require_statistics(set(thresholds), gate_statistics())  # before any sampling
-        return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
-    limit = table.limits[table.primary]
-    lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
-    prov = table.provenance
-    split = (f"tolerated configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean"
-             if not math.isnan(hi) else "no configuration was not tolerated: limit at the largest tolerated value")
-    return [Gate(table.primary, limit, f"fitted on {', '.join(prov.get('results', []))} "
-                                       f"({prov.get('fitted_with', '?')}): {split}")]

@@ -377,10 +377,11 @@ def pair_spec(name: str) -> PairSpec:
 MEMBER_ROLES = ("student", "teacher")
 
 
-def member_spec(spec: str) -> str:
+def member_spec(spec: str, *, build: bool = True) -> str:
     """The model spec `mismatch.load` takes for `PAIR:student` / `PAIR:teacher` (a pair's model as a
     probe reference: the synthetic pairs' weight directory, `smollm2-135m`, a preset's hub id);
-    any other spec is returned unchanged.
+    any other spec is returned unchanged. `build=False` (what reports use: they read results, never
+    train) names the committed weight directory of a synthetic pair without checking or building it.
 
     Raises:
         InputError: `PAIR:ROLE` with an unknown pair or role.
@@ -392,7 +393,7 @@ def member_spec(spec: str) -> str:
         raise InputError(f"{spec}: a pair's model is PAIR:student or PAIR:teacher")
     pair = PAIRS[name]
     if pair.kind == "synthetic":
-        return str(synthetic_dir(name)[0] / role)
+        return str((synthetic_dir(name)[0] if build else committed_dir(name)) / role)
     if pair.kind == "pretrained":
         return "smollm2-135m"
     return pair.student if role == "student" else pair.teacher

@@ -35,7 +35,7 @@ COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall
 
 def student_skeleton(pair: str) -> torch.nn.Module:
     """The pair student's architecture on the meta device (from its config.json; no weight read)."""
-    spec = member_spec(f"{pair}:student")
+    spec = member_spec(f"{pair}:student", build=False)
     directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
     if not (directory / "config.json").is_file():
         raise MismatchError(f"no config.json for {pair}'s student at {directory}")

@@ -148,7 +148,7 @@ def student_models() -> dict[str, str]:
     that a probe run on the student's model under its own name counts as that pair's student."""
     owners: dict[str, list[str]] = {}
     for pair in PAIRS:
-        spec = member_spec(f"{pair}:student")
+        spec = member_spec(f"{pair}:student", build=False)
         if spec != f"{pair}:student":
             owners.setdefault(spec, []).append(pair)
     return {spec: pairs[0] for spec, pairs in owners.items() if len(pairs) == 1}  # a shared student stays unnamed

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import mismatch
 from mismatch.admission import Thresholds, check
-from mismatch.admission.checker import combine_status, decide
+from mismatch.admission.judge import combine_status, decide
 from mismatch.cli.app import app
 from mismatch.errors import InputError
 from mismatch.model.loader import LM

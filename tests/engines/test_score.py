@@ -396,3 +396,14 @@ def test_a_dump_that_may_come_from_another_tokenizer_is_doubted(engine, tmp_path
     assert got.summary["mismatch_kl"] > 3 and len(got.notes) == 1 and "another tokenizer" in got.notes[0]
     adm = mismatch.check(lm, None, rollouts=tmp_path / "other.jsonl", thresholds={"mismatch_kl": 10.0})
     assert any("another tokenizer" in n for n in adm.notes)
+
+
+def test_an_explicit_spec_beside_a_dump_is_refused_not_dropped(engine, tmp_path):
+    """`rollout` defaults to None (not to the default spec), so an explicit spec — the default one included —
+    beside a dump is an error instead of being silently replaced by the dump; alone, a dump needs no spec."""
+    lm, records = engine
+    dump = write_rollouts(tmp_path / "d.jsonl", records)
+    for spec in ("fp8-e4m3:block128", "int4:group128"):
+        with pytest.raises(mismatch.InputError, match="not both"):
+            mismatch.check(lm, spec, rollouts=dump)
+    assert mismatch.check(lm, rollouts=dump, thresholds={"mismatch_kl": 10.0}).rollout == f"rollouts:{dump}"

@@ -42,3 +42,20 @@ def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynami
     with_probe = pd.concat([rows, _probe("sort-gpt2:student", 0.01).assign(perturb="fp8-e4m3:channel",
                                                                           run_id="f" * 16)], ignore_index=True)
     assert "static_vs_dynamic.png" in [p.name for p in write_sweep_report(with_probe, tmp_path / "b")]
+
+
+def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
+    """Reports read results: naming a synthetic pair's student must not verify or build (train) its weights,
+    even when the recipe hash no longer matches the committed ones."""
+    from mismatch.pairs import registry
+    from mismatch.report.frontier import student_skeleton
+    from mismatch.report.sweep import student_models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a report reached synthetic_dir (which builds a pair whose recipe changed)")
+
+    monkeypatch.setattr(registry, "synthetic_dir", refuse)
+    monkeypatch.setattr(registry, "build_pair", refuse)
+    assert student_models()["smollm2-135m"] == "smollm2-concise"
+    assert str(registry.committed_dir("sort-gpt2") / "student") in student_models()
+    assert sum(p.numel() for p in student_skeleton("sort-gpt2").parameters()) > 0  # from config.json, meta device
