@@ -276,3 +276,49 @@ def test_a_missing_engine_is_found_before_any_model_runs(monkeypatch, tmp_path, 
     monkeypatch.setattr(ResultsWriter, "write", lambda *a: pytest.fail("a run was written"))
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "ds")])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "llama.cpp is not installed" in res.output
+
+
+# Config fields the CLI does not expose as options, each with its reason. A study file's `[static]` /
+# `[dynamic.settings]` tables (`mismatch sweep`) set every field.
+HIDDEN = {
+    "probe": {"texts": "given as --text (repeatable)", "prompts": "given as --prompts FILE",
+              "candidate": "the CANDIDATE argument"},
+    "opd": {name: "set in a study's [dynamic.settings] (`mismatch sweep`)" for name in (
+        "rollout",  # given as --rollout (repeatable: one run per spec)
+        "warmup_steps", "decay", "final_lr_frac", "weight_decay", "adam_beta1", "grad_clip", "max_new_tokens",
+        "train_prompts", "eval_greedy", "clip", "chunk_tokens")},
+}
+RENAMED = {"probe": {"text": "texts"}}  # CLI option → config field
+
+
+@pytest.mark.parametrize("command, config", [("probe", "mismatch.probes.runs:ProbeConfig"),
+                                             ("opd", "mismatch.opd.config:OPDConfig")])
+def test_every_config_field_is_an_option_with_the_config_default_or_hidden_with_a_reason(command, config):
+    """Defaults and help live on the config fields: each CLI option that sets a field has the field's default,
+    and every field is an option or listed in HIDDEN with why (so a new field cannot be forgotten)."""
+    import dataclasses
+    import importlib
+
+    import typer.main
+
+    from mismatch.cli.app import app
+
+    module, name = config.split(":")
+    fields = {f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+    params = {RENAMED.get(command, {}).get(p.name, p.name): p for p in typer.main.get_command(app).commands[command].params}
+    assert len(params) > 8  # the premise: the command's options are read
+    missing = [f for f in fields if f not in params and f not in HIDDEN[command]]
+    assert missing == [], f"{command}: fields neither exposed nor hidden with a reason: {missing}"
+    stale = [f for f in HIDDEN[command] if f not in fields]
+    assert stale == [], f"{command}: HIDDEN names fields that no longer exist: {stale}"
+    for field_name, param in params.items():
+        if field_name not in fields or field_name in HIDDEN[command]:
+            continue
+        want = fields[field_name].default
+        if want is dataclasses.MISSING:  # a required field: a required argument or option
+            assert param.required, (command, field_name)
+            continue
+        got = param.default
+        if isinstance(want, tuple):
+            want, got = list(want), list(got or [])
+        assert got == want, f"{command} --{param.name.replace('_', '-')}: CLI default {got!r}, config default {want!r}"
