@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install engines test test-kernels test-engines reproduce-figures reproduce-engines bench bench-engines clean
+.PHONY: install engines test test-kernels test-engines docs reproduce-figures reproduce-engines bench bench-engines clean
 
 install: $(STAMP)
 
@@ -52,6 +52,16 @@ test-kernels: $(STAMP)
 # The llama.cpp tests (`make test` skips them while the extra is absent). CI runs this last.
 test-engines: $(ENGINES)
 	$(BIN)/python -m pytest -q -m engines
+
+# The documentation site (docs/, mkdocs.yml): MkDocs with mkdocs-material and mkdocstrings, the optional
+# `docs` extra, installed on first use. --strict: a broken link, anchor or API reference fails the build.
+DOCS := $(VENV)/.docs
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+$(DOCS): $(STAMP)
+	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[docs]'
+	touch $@
 
 RESULTS := results
 # The study of sweeps/paper.toml (static probes of the three students and SmolLM2 under every spec,

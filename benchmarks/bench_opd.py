@@ -21,7 +21,7 @@ Then, on smollm2-concise (8 prompts of its task, 64 sampled tokens each), side b
     `--compile` a static cache plus `torch.compile`d decode step (compile time printed apart); and,
     where the optional extra is installed (`make engines`), llama.cpp decoding the same 8 prompts as
     one batch of 8 sequences from an f32 GGUF export of the same weights with an f32 KV cache (the
-    spec `engine:llama.cpp,f32,kv-f32`, within fp32 rounding of the model: README "Real engines"),
+    spec `engine:llama.cpp,f32,kv-f32`, within fp32 rounding of the model: docs/engines.md),
     sampled by llama.cpp's own sampler: what a dedicated engine's kernels reach on this CPU;
   * the OPD update (`recipe.update`: loss forward/backward with the teacher's chunked head, clip,
     AdamW) ÷ one bare forward + backward + AdamW step of the student on the same tokens (Hugging

@@ -62,10 +62,14 @@ def main() -> None:
 @command(app)
 def models() -> None:
     """List the built-in model specs (any local HF directory or cached hub id works too)."""
-    from mismatch.cli import tables as console
-    from mismatch.model.loader import list_models
+    from rich.table import Table
 
-    out.print(console.models_table(list_models()))
+    from mismatch.model.catalog import list_models  # names only: no torch import (benchmarks/bench_cli.py)
+
+    table = Table("spec", "description", title="built-in models")
+    for name, desc in list_models().items():
+        table.add_row(name, desc)
+    out.print(table)
 
 
 @command(app)

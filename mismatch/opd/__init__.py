@@ -1,5 +1,5 @@
 """On-policy distillation under training–inference mismatch: losses (`losses`), the rollout copy
-with stale weights (`ring`), the run's configuration (`config`), the training recipe (`recipe`),
+with stale weights (`ring`), the run's configuration (`config`), the trainer (`trainer`), tolerance across seeds (`tolerance`),
 planning and running several runs into a results dataset (`runs`), verdicts (`verdict`)."""
 
 from mismatch.opd.config import OPDConfig

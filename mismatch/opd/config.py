@@ -31,7 +31,7 @@ class OPDConfig:
     rollout: str = "none"  # what generates the rollouts (`mismatch.rollout_spec`): a spec, engine:…, stale:K, reuse:R, none
     staleness: int = 0  # K: rollouts from weights K optimizer steps old
     layers: str = "linear"  # scope of the rollout perturbation
-    loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (README)
+    loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (docs/opd.md)
     steps: int = 120
     batch_size: int = 128  # prompts per step
     lr: float = 1e-3

@@ -476,7 +476,7 @@ def _load_preset(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
         raise ModelNotAvailableError(
             f"pair {spec.name} needs {spec.teacher} and {spec.student} on disk ({missing}); download them "
             f"where there is network (`hf download {spec.teacher}`) into this machine's Hugging Face "
-            "cache, or declare their directories in a pair .toml (see README)")
+            "cache, or declare their directories in a pair .toml (see docs/pairs.md)")
     student, teacher = load(spec.student, dtype=dtype), load(spec.teacher, dtype=dtype)
     return Pair(name=spec.name, student=student, teacher=teacher, task=None, prompt_source=PromptList.default(),
                 chat=True, max_new_tokens=256, description=spec.description)

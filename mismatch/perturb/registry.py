@@ -3,7 +3,7 @@
 Modelled on torchao's `register_quantize_module_handler` (config type → module handler) and
 lm-eval's `api/registry.py`. A `Kind` bundles everything about one kind: its spec name(s), frozen
 config class, parser, apply handler, backend and a one-line description. `parse_spec`, the
-unknown-kind error, `perturb_`'s dispatch and README's spec table (`render_spec_table`) all read
+unknown-kind error, `perturb_`'s dispatch and the docs' spec table (docs/design.md) (`render_spec_table`) all read
 it, so adding a kind is one `register_kind` call in the module that implements it
 (`native`, `backends`; `mismatch.perturb.spec` imports them all).
 """
@@ -148,7 +148,7 @@ def kind_of(config: object) -> Kind:
 
 
 def render_spec_table() -> str:
-    """README's perturbation spec table (markdown, one row per registered kind), from the registry.
+    """The docs' perturbation spec table (docs/design.md) (markdown, one row per registered kind), from the registry.
 
     Returns:
         The table's lines joined by newlines, without a trailing newline.
