@@ -322,3 +322,18 @@ def test_every_config_field_is_an_option_with_the_config_default_or_hidden_with_
         if isinstance(want, tuple):
             want, got = list(want), list(got or [])
         assert got == want, f"{command} --{param.name.replace('_', '-')}: CLI default {got!r}, config default {want!r}"
+
+
+def test_help_and_models_import_no_torch():
+    """`mismatch --help` and `mismatch models` need no model: they cost typer's start-up, not torch's
+    (the timing is benchmarks/bench_cli.py's; this pins the cause)."""
+    import subprocess
+    import sys
+
+    for argv in (["--help"], ["models"]):
+        code = ("import sys; sys.argv = ['mismatch', *sys.argv[1:]]\nfrom mismatch.cli.app import main\n"
+                "try:\n    main()\nexcept SystemExit:\n    pass\n"
+                "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+        assert "built-in models" in done.stdout or "Usage" in done.stdout
+        assert done.stdout.strip().splitlines()[-1] == "[]", (argv, done.stdout[-200:])
