@@ -40,7 +40,10 @@ def task_columns(task: Task) -> dict[str, object]:
     if isinstance(task, OPDConfig):
         return {"task": "opd", **run_columns(task)}
     prompts = Path(task.prompts) if task.prompts is not None else None
-    return {"task": "probe group", **dataclasses.asdict(task), **model_digests(task),
+    columns = dataclasses.asdict(task)
+    if prompts is not None and prompts.is_file():  # the file's content, not where the checkout lies
+        columns["prompts"] = prompts.name
+    return {"task": "probe group", **columns, **model_digests(task),
             "prompts_sha256": sha256_file(prompts) if prompts is not None and prompts.is_file() else None}
 
 
