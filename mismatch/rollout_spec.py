@@ -156,9 +156,10 @@ class RolloutSpec:
         return None if self.perturbation is None else str(self.perturbation)
 
     @property
-    def base(self) -> str:
-        """The rollout string without the lag: `none`, a perturbation or engine spec, `stale:K`, `reuse:R`."""
-        return "none" if self.text.strip() in NONE_FORMS else self.text
+    def copy_spec(self) -> str | None:
+        """What the rollout copy runs, as `RolloutCopy` takes it: the perturbation's or the engine's
+        canonical spec, or None (the student's own weights)."""
+        return self.perturbation_spec or (None if self.engine is None else str(self.engine))
 
     @property
     def label(self) -> str:

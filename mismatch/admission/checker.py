@@ -42,6 +42,7 @@ from mismatch.model.loader import LM
 from mismatch.pairs.registry import load_member
 from mismatch.perturb import parse_spec, perturbed, select
 from mismatch.probes.core import probe, reference
+from mismatch.rollout_spec import RolloutSpec
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 
@@ -181,7 +182,7 @@ def _sampled(batch) -> dict[str, int]:
 
 def _rollout_spec(rollout: str):
     """The rollout copy's perturbation config; staleness and reuse are the pipeline's, given apart."""
-    if rollout.partition(":")[0].strip() in ("stale", "reuse"):
+    if RolloutSpec.parse(rollout).source in ("stale", "reuse"):
         raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
     return parse_spec(rollout)
 

@@ -35,6 +35,7 @@ from mismatch.model.moe import moe_blocks
 from mismatch.perturb import parse_spec, select
 from mismatch.perturb.configs import BnbConfig, DtypeConfig, FP8Config, QuantoConfig
 from mismatch.perturb.scope import head_name
+from mismatch.rollout_spec import RolloutSpec
 from mismatch.perturb.snapshot import weight_names
 
 ROLLOUT_SHARE = 0.51  # SmolLM2-135M OPD step here: rollout 10.9 s of 21.3 s (benchmarks/bench_opd.py)
@@ -85,7 +86,7 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
     Returns:
         A `Cost` (factors relative to synchronous rollouts in the model's precision).
     """
-    if spec is not None and spec.partition(":")[0] in ("stale", "reuse"):
+    if spec is not None and RolloutSpec.parse(spec).source in ("stale", "reuse"):
         raise InputError(f"{spec}: give staleness and reuse as staleness=K / reuse=R")
     config = parse_spec(spec) if spec not in (None, "none", "") else None
     bits = getattr(config, "weight_bits", None)  # None: full-precision weights (clean, noise)

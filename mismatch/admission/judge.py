@@ -25,7 +25,6 @@ from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, from_word, inter
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
 
 
-STATUSES = tuple(ADMISSION_WORDS.values())  # admit, uncertain, reject
 
 
 @dataclass

@@ -10,7 +10,6 @@ all rows. The CLI's `mismatch opd` is `plan` + `run_all` + `verdict_table`; a sw
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import re
 from collections.abc import Callable, Sequence

@@ -180,14 +180,14 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
         raise InputError(f"pair {pair.name} has {len(train_pool)} train prompts, fewer than batch_size "
                          f"{config.batch_size}")
     rollout = config.rollout_spec
-    spec = rollout.perturbation_spec or (None if rollout.engine is None else str(rollout.engine))
+    spec = rollout.copy_spec
     calib = None
     if spec is not None and ":a8" in spec:  # quanto's static activation scales need data
         calib = torch.tensor([encode(pair.student.tokenizer, train_pool[:1], chat=pair.chat,
                                      context=pair.student_context)[0]])
     copy = RolloutCopy(pair.student.model, spec, rollout.staleness, layers=config.layers, seed=config.seed,
                        calibration_ids=calib, tokenizer=pair.student.tokenizer,
-                       share=rollout.base == "none" or rollout.reuse > 1)  # reuse: no copy needed
+                       share=rollout.copy_spec is None and rollout.staleness == 0)  # reuse too: no copy needed
     opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(config.adam_beta1, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
