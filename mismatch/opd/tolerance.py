@@ -146,8 +146,8 @@ def kept_up(levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
     """Per level, whether its *means* over seeds lie within the thresholds (Δ accuracy ≥ −acc_tol,
     no accuracy counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which
     the interval verdict may still call uncertain."""
-    acc_ok = levels["acc_delta"].isna() | (levels["acc_delta"] >= -tolerance.acc_tol)
-    return acc_ok & (levels["kl_ratio"] <= 1 + tolerance.kl_tol)
+    return pd.Series([tolerance.kept_up(float(kl), float(acc)) for kl, acc in zip(levels["kl_ratio"], levels["acc_delta"])],
+                     index=levels.index, dtype=bool)  # the one rule, `Tolerance.kept_up`
 
 
 def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
