@@ -62,28 +62,52 @@ def ratio_columns(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor) -> tuple[
     return log_r.exp(), torch.expm1(log_r) - log_r
 
 
+def log_ratio_stats(log_r_N: torch.Tensor, clip: float) -> dict[str, torch.Tensor]:
+    """The one computation of the sampled-token statistics, from `log r = log p(y) − log q(y)` per
+    sampled token (`[N]` float64; p the trained / reference policy, q the rollout / candidate one that
+    sampled y), as 0-d float64 tensors under mismatch's own names:
+    `kl` = mean(−log r) (k1 estimate of KL(q ‖ p)), `k3` = mean(r − 1 − log r) (`ratio_columns`),
+    `logp_abs_diff_mean` / `_max` = |log r|, `is_ratio_outside_frac` = share of r outside
+    [1/clip, clip], `chi2_token` = E[r²] − 1. The frameworks' names are aliases of these
+    (`PROBE_NAMES`, `VERL_NAMES`)."""
+    r = log_r_N.exp()
+    return {
+        "kl": (-log_r_N).mean(),
+        "k3": (torch.expm1(log_r_N) - log_r_N).mean(),
+        "logp_abs_diff_mean": log_r_N.abs().mean(), "logp_abs_diff_max": log_r_N.abs().max(),
+        "is_ratio_outside_frac": ((r < 1.0 / clip) | (r > clip)).double().mean(),
+        "chi2_token": (r * r).mean() - 1.0,
+    }
+
+
+# the probe summary's names for `log_ratio_stats` keys (the ones it reports), and verl's for the ones it shares
+PROBE_NAMES = {"k3": "k3_mean", "logp_abs_diff_mean": "logp_abs_diff_mean", "logp_abs_diff_max": "logp_abs_diff_max",
+               "is_ratio_outside_frac": "is_ratio_outside_frac", "chi2_token": "chi2_token"}
+VERL_NAMES = {"kl": "rollout_corr/kl", "k3": "rollout_corr/k3_kl"}  # verl's k3_kl: exp(x) − x − 1, unclamped
+
+
 def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: torch.Tensor, clip: float
                     ) -> dict[str, float]:
     """The summary statistics that need only the sampled tokens' log-probs (`[N]` each, nats) and
     their sequences (`[N]`), in float64: what an engine's rollout dump supports
     (`mismatch.engines.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
-    k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, seq_log_ratio_abs_mean, ppl_cand_over_ref,
-    chi2_token, is_ess, dp_rms (docs/design.md, and this module's docstring)."""
+    k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, chi2_token (`log_ratio_stats` under
+    `PROBE_NAMES`), seq_log_ratio_abs_mean, ppl_cand_over_ref, is_ess, dp_rms (docs/design.md, and this
+    module's docstring)."""
     lp, lq = logp_ref_N.double(), logp_cand_N.double()
     log_r = lp - lq
     r = log_r.exp()
     w = r / r.mean()
     seq_sums = torch.zeros(int(seq_N.max()) + 1, dtype=torch.float64).index_add_(0, seq_N, log_r)
     present = torch.bincount(seq_N) > 0
+    shared = log_ratio_stats(log_r, clip)
     out = {
         "tokens": float(lp.numel()),
         "sequences": float(present.sum()),
-        "k3_mean": (torch.expm1(log_r) - log_r).mean(),
-        "logp_abs_diff_mean": log_r.abs().mean(), "logp_abs_diff_max": log_r.abs().max(),
-        "is_ratio_outside_frac": ((r < 1.0 / clip) | (r > clip)).double().mean(),
+        **{name: shared[key] for key, name in PROBE_NAMES.items() if key != "chi2_token"},
         "seq_log_ratio_abs_mean": seq_sums[present].abs().mean(),
         "ppl_cand_over_ref": torch.exp((-lq).mean() - (-lp).mean()),  # pooled: rollout over training
-        "chi2_token": (r * r).mean() - 1.0,
+        PROBE_NAMES["chi2_token"]: shared["chi2_token"],
         "is_ess": 1.0 / (w * w).mean(),
         "dp_rms": ((lq.exp() - lp.exp()) ** 2).mean().sqrt(),
     }
@@ -116,21 +140,14 @@ def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tens
     `kl` = mean(−log r) (the k1 estimate of KL(π_R ‖ π_train)), `k3` = mean(r − 1 − log r) (the
     k3 estimate of the same KL), `logp_abs_diff_mean` / `_max` = |log r|,
     `is_ratio_outside_frac` = share of r outside [1/clip, clip], `chi2_token` = E[r²] − 1.
-    All exactly 0 when the two policies give identical log-probs. No token, or two shapes: `InputError`.
+    (`log_ratio_stats`, the one computation, under its own names.) All exactly 0 when the two policies
+    give identical log-probs. No token, or two shapes: `InputError`.
     """
     if logp_train_N.shape != logp_rollout_N.shape or logp_train_N.numel() == 0:
         raise InputError(f"need two [N] log-prob tensors with N ≥ 1, got {tuple(logp_train_N.shape)} and "
                          f"{tuple(logp_rollout_N.shape)}")
-    log_r = logp_train_N.double() - logp_rollout_N.double()
-    r = log_r.exp()
-    return {
-        "kl": float((-log_r).mean()) + 0.0,
-        "k3": float((torch.expm1(log_r) - log_r).mean()),
-        "logp_abs_diff_mean": float(log_r.abs().mean()),
-        "logp_abs_diff_max": float(log_r.abs().max()),
-        "is_ratio_outside_frac": float(((r < 1.0 / clip) | (r > clip)).double().mean()),
-        "chi2_token": float((r * r).mean() - 1.0),
-    }
+    stats = log_ratio_stats(logp_train_N.double() - logp_rollout_N.double(), clip)
+    return {k: float(v) + 0.0 for k, v in stats.items()}  # + 0.0: -0.0 (identical policies) as 0.0
 
 
 def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) -> torch.Tensor:
@@ -188,9 +205,9 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
     seq_k1 = _per_sequence_mean(-log_r_safe, seq, n_seq)  # mean of log(π_rollout/π_train) per sequence
     lo, hi = math.log(GEO_BOUNDS[0]), math.log(GEO_BOUNDS[1])
     v = "rollout_corr/"
+    shared = log_ratio_stats(log_r, IS_THRESHOLD)  # the statistics verl's definitions share with ours, unclamped
     out = {
-        v + "kl": (-log_r).mean(),
-        v + "k3_kl": (torch.expm1(log_r) - log_r).mean(),  # verl's exp(x) − x − 1, unclamped, without cancellation
+        **{name: shared[key] for key, name in VERL_NAMES.items()},
         v + "training_ppl": (-mean_lt).exp().mean(),
         v + "training_log_ppl": (-mean_lt).mean(),
         v + "rollout_ppl": (-mean_lr).exp().mean(),

@@ -63,3 +63,31 @@ def test_summary_counts_the_sequences_that_have_tokens():
     s = sampled_summary(lp, lp - 0.1, torch.tensor([0, 0, 3, 5]), clip=2.0)
     assert s["sequences"] == 3 and s["tokens"] == 4
     assert s["seq_log_ratio_abs_mean"] == pytest.approx((0.2 + 0.1 + 0.1) / 3, rel=1e-12)
+
+
+def test_the_frameworks_names_are_aliases_of_one_computation():
+    """`rollout_corr/kl`, `k3_kl` and the probe summary's k3_mean / chi2_token / … are the same numbers as
+    `sampled_token_metrics`' (one computation, `log_ratio_stats`), and that computation matches a slow
+    per-token loop in plain Python floats (rel 1e-12: float64 sums of 50 terms)."""
+    import math
+
+    import torch
+
+    from mismatch.metrics import (PROBE_NAMES, VERL_NAMES, rollout_stats, sampled_summary,
+                                  sampled_token_metrics)
+
+    gen = torch.Generator().manual_seed(3)
+    lt = -torch.rand(50, generator=gen, dtype=torch.float64) * 3
+    lr = (lt + 0.3 * torch.randn(50, generator=gen, dtype=torch.float64)).clamp(max=0.0)
+    seq = torch.arange(50) // 10
+    own = sampled_token_metrics(lt, lr, 2.0)
+    verl = rollout_stats(lt, lr, seq)
+    probe = sampled_summary(lt, lr, seq, 2.0)
+    assert {verl[name] for key, name in VERL_NAMES.items()} == {own[key] for key in VERL_NAMES}
+    assert all(probe[name] == own[key] for key, name in PROBE_NAMES.items())
+    x = [a - b for a, b in zip(lt.tolist(), lr.tolist())]
+    slow = {"kl": sum(-v for v in x) / 50, "k3": sum(math.expm1(v) - v for v in x) / 50,
+            "chi2_token": sum(math.exp(2 * v) for v in x) / 50 - 1,
+            "is_ratio_outside_frac": sum(not 0.5 <= math.exp(v) <= 2.0 for v in x) / 50}
+    for key, value in slow.items():
+        assert own[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
