@@ -18,6 +18,12 @@ import pandas as pd  # noqa: E402
 DPI = 120
 LEGEND_FONTSIZE = 8
 GRID_ALPHA = 0.3
+MAX_LEGEND = 8  # entries per legend; a figure with more series facets them
+# one colour per level family (mismatch source), the same in every figure: the family's colour for a
+# single series, shades of its colormap (light → dark with the level or series order) for several
+FAMILY_COLORS = {"clean": "black", "format": "tab:blue", "noise": "tab:orange", "stale": "tab:green",
+                 "reuse": "tab:red", "engine": "tab:purple"}
+FAMILY_COLORMAPS = {"format": "Blues", "noise": "Oranges", "stale": "Greens", "reuse": "Reds", "engine": "Purples"}
 
 
 def fmt(value: float) -> str:
@@ -58,9 +64,35 @@ def style_axes(ax, *, xlabel: str | None = None, ylabel: str | None = None, lege
         ax.legend(fontsize=LEGEND_FONTSIZE)
 
 
+def family_color(source: str, index: int = 0, count: int = 1):
+    """The colour of series `index` of `count` in level family `source` (`FAMILY_COLORS`)."""
+    if count <= 1 or source not in FAMILY_COLORMAPS:
+        return FAMILY_COLORS.get(source, "grey")
+    return plt.get_cmap(FAMILY_COLORMAPS[source])(0.45 + 0.5 * index / (count - 1))
+
+
+CAPTION_FONTSIZE = 7
+CAPTION_WIDTH = 180  # characters per caption line
+
+
+def caption(fig, text: str) -> None:
+    """A caption under the figure's axes (wrapped): where settings go instead of into titles.
+    `save_figure` leaves room for it."""
+    import textwrap
+
+    fig._mismatch_caption = "\n".join(textwrap.wrap(text, CAPTION_WIDTH))
+
+
 def save_figure(fig, path: Path) -> Path:
-    """Lay out, write as PNG at the house resolution, close; return the path."""
-    fig.tight_layout()
+    """Lay out (leaving room for a `caption`), write as PNG at the house resolution, close; return the path."""
+    text = getattr(fig, "_mismatch_caption", None)
+    if text:
+        inches = (text.count("\n") + 1.6) * CAPTION_FONTSIZE / 72 * 1.35  # line height ≈ 1.35 × font size
+        bottom = min(0.4, inches / fig.get_figheight())
+        fig.text(0.01, 0.005, text, fontsize=CAPTION_FONTSIZE, ha="left", va="bottom")
+        fig.tight_layout(rect=(0, bottom, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

@@ -25,7 +25,8 @@ import pandas as pd
 
 from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
-from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
+from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
+                                    style_axes, subplots)
 from mismatch.report.probe import is_isolation
 from mismatch.opd.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
 from mismatch.results import summaries
@@ -34,79 +35,91 @@ from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 MARKERS = "osD^v<>P*X"
 
 
-def _shared_settings(part: pd.DataFrame) -> set[str]:
-    """The settings parts (`"lr 0.001"`, …) every series of a panel has: said once, in its title."""
-    return set.intersection(*(set(st.split(", ")) for st in part["settings"].unique()))
-
-
-def _series_labels(part: pd.DataFrame, shared: set[str]) -> dict[tuple[str, str], str]:
-    """Labels of a panel's series (pair × settings): the pair, and the settings parts that differ
-    between the panel's series (not in `shared`)."""
+def _series_labels(part: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """Short labels of a panel's series (pair × settings): the pair alone when it has one series in the
+    panel, else the settings parts that differ between that pair's series (the full settings are in
+    tolerance.md, and the ones every series shares in the figure's caption)."""
     keys = list(dict.fromkeys(zip(part["pair"], part["settings"])))
-    split = {k: k[1].split(", ") for k in keys}
-    several_pairs = len({p for p, _ in keys}) > 1
+    by_pair: dict[str, list[str]] = {}
+    for pair, settings in keys:
+        by_pair.setdefault(pair, []).append(settings)
     labels = {}
-    for key in keys:
-        own = [x for x in split[key] if x not in shared]
-        labels[key] = ", ".join(([key[0]] if several_pairs or not own else []) + own)
+    for pair, all_settings in by_pair.items():
+        common = set.intersection(*(set(s.split(", ")) for s in all_settings))
+        for settings in all_settings:
+            own = ", ".join(x for x in settings.split(", ") if x not in common) or "default"
+            labels[(pair, settings)] = (pair if len(all_settings) == 1 else
+                                        f"{pair}: {own}" if len(by_pair) > 1 else own)
     return labels
 
 
+def _shared_caption(levels: pd.DataFrame) -> str:
+    """The settings every series of the figure shares, said once; each series' own are in tolerance.md."""
+    parts = [set(s.split(", ")) for s in levels["settings"].unique()]
+    shared = sorted(set.intersection(*parts)) if parts else []
+    return ("Settings of every series: " + (", ".join(shared) if shared else "none shared") +
+            ". Each series' full settings: tolerance.md.")
+
+
+LEVEL_AXIS = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "reuse": "reuse R (steps per batch)",
+              "format": "format (stored bits per weight)", "engine": "llama.cpp weight type (stored bits)"}
+
+
 def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
-    """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source, one line per pair ×
-    settings, bars = 95% seed intervals; dashed lines = the thresholds."""
-    sources = [s for s in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES) if s in set(levels["source"])]
-    fig, axes = subplots(len(sources), nrows=2, figsize=(4.8 * len(sources), 9.5))
-    axes = np.asarray(axes).reshape(2, len(sources))
-    for col, source in enumerate(sources):
+    """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source (its family colour, in
+    shades for several series), one line per pair × settings, bars = 95% seed intervals; dashed lines =
+    the thresholds. Short titles and labels; the settings go to the caption and tolerance.md."""
+    columns = []  # (source, its series): a source with more than MAX_LEGEND series spans several columns
+    for source in (s for s in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES) if s in set(levels["source"])):
+        groups = list(levels[levels["source"] == source].groupby(["pair", "settings"], sort=False))
+        columns += [(source, groups[i:i + MAX_LEGEND]) for i in range(0, len(groups), MAX_LEGEND)]
+    fig, axes = subplots(len(columns), nrows=2, figsize=(4.6 * len(columns), 8.5))
+    axes = np.asarray(axes).reshape(2, len(columns))
+    for col, (source, groups) in enumerate(columns):
         part = levels[levels["source"] == source]
         categorical = source in CATEGORICAL_SOURCES
         formats = sorted(set(part["level"]), key=lambda lv: (weight_bits(lv), lv)) if categorical else []
-        shared = _shared_settings(part)
-        labels = _series_labels(part, shared)
-        for i, ((pair, settings), series) in enumerate(part.groupby(["pair", "settings"], sort=False)):
+        labels = _series_labels(part)
+        for i, ((pair, settings), series) in enumerate(groups):
             if categorical:  # categories by stored bits, markers only, pairs side by side
                 series = series.assign(x=[formats.index(lv) + 0.08 * i for lv in series["level"]])
             else:  # series side by side around each level (log axis: a small factor)
                 series = series.assign(x=series["level"].astype(float) * 1.04 ** i)
             series = series.sort_values("x")
-            label = labels[(pair, settings)]
+            color = family_color(source, i, len(groups))
             for row, (metric, scale) in enumerate((("acc_delta", 100), ("kl_ratio", 1))):
                 axes[row, col].errorbar(series["x"], series[metric] * scale, yerr=series[f"{metric}_hw"] * scale,
-                                        marker="o", markersize=4, capsize=3, label=label,
-                                        linestyle="none" if categorical else "-")
+                                        marker=MARKERS[i % len(MARKERS)], markersize=4, capsize=3, color=color,
+                                        label=labels[(pair, settings)], linestyle="none" if categorical else "-")
         if formats:
             for row in range(2):
                 axes[row, col].set_xticks(range(len(formats)), [f"{f} ({weight_bits(f):g} b)" for f in formats],
                                           rotation=30, ha="right", fontsize=7)
-        for row, (limit, name) in enumerate(((-100 * tolerance.acc_tol, "Δ accuracy (points)"), (1 + tolerance.kl_tol, "KL ratio"))):
+        for row, (limit, name) in enumerate(((-100 * tolerance.acc_tol, "Δ accuracy (points)"),
+                                             (1 + tolerance.kl_tol, "KL ratio"))):
             ax = axes[row, col]
             ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
             ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
-            xlabel = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "reuse": "reuse R (steps per batch)",
-                      "format": "format (stored bits per weight)",
-                      "engine": "llama.cpp weights (bits where the export could use them)"}[source]
-            style_axes(ax, xlabel=xlabel, ylabel=name)
+            style_axes(ax, xlabel=LEVEL_AXIS[source], ylabel=name)
             if not categorical:
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
-        axes[0, col].set_title(source + (f"\n({', '.join(sorted(shared))})" if shared else ""), fontsize=9)
-        axes[1, col].legend(fontsize=LEGEND_FONTSIZE - 1, loc="upper center",
-                            bbox_to_anchor=(0.5, -0.45 if categorical else -0.3))
-    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin,\nmean over seeds ± 95% interval",
+        axes[0, col].set_title(source, fontsize=10, color=family_color(source))
+        axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
+    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin, mean over seeds ± 95% interval",
                  fontsize=10)
+    caption(fig, _shared_caption(levels))
     return fig
 
 
 def mismatch_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
     """Δ accuracy vs the measured mismatch (mean mismatch_kl during the run, log axis): every level of
-    every source and pair, colour by source, marker by pair."""
+    every source and pair, colour by source (its family colour), marker by pair."""
     fig, ax = subplots(1, figsize=(8, 5.5))
     pairs = sorted(levels["pair"].unique())
-    colors = {s: f"C{i}" for i, s in enumerate((*LEVEL_SOURCES, *CATEGORICAL_SOURCES))}
     shown = levels[levels["mismatch_kl"] > 0]
     for (source, pair), part in shown.groupby(["source", "pair"]):
         ax.errorbar(part["mismatch_kl"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
-                    marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=colors[source], capsize=2,
+                    marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=family_color(source), capsize=2,
                     label=f"{source} · {pair}")
     ax.axhline(-100 * tolerance.acc_tol, color="grey", linestyle="--", linewidth=1)
     ax.axhline(0, color="black", linewidth=0.6)
@@ -118,28 +131,48 @@ def mismatch_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
 
 
 def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
-    """Held-out accuracy vs step per rollout (each pair's most common settings): mean over seeds,
-    band ±1 sd over seeds; the clean run in black."""
-    pairs = sorted(runs["pair"].unique())
-    fig, axes = subplots(len(pairs), figsize=(6 * len(pairs), 4.5))
-    axes = np.atleast_1d(axes)
+    """Held-out accuracy vs step, one panel per pair × level family (each pair's most common settings):
+    the family's levels in shades of its colour, the clean run in black, mean over seeds with a ±1 sd
+    band; at most `MAX_LEGEND` levels per panel (a larger family is split over panels)."""
     metrics = {cfg["run_id"]: pd.DataFrame(m) for cfg, m in opd_runs(rows)}
-    for ax, pair in zip(axes, pairs):
+    panels, captions = [], []
+    for pair in sorted(runs["pair"].unique()):
         mine = runs[runs["pair"] == pair]
         settings = mine["settings"].mode().iloc[0]
-        for rollout, group in mine[mine["settings"] == settings].groupby("rollout", sort=False):
-            curves = []
-            for rid in group["run_id"]:
-                m = metrics[rid]
-                curves.append(m[m["metric"] == "heldout_accuracy"].set_index("step")["value"])
+        mine = mine[mine["settings"] == settings]
+        captions.append(f"{pair}: {settings}")
+        clean = mine[mine["source"] == "clean"]
+        for source in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES):
+            levels = list(dict.fromkeys(mine.loc[mine["source"] == source, "rollout"]))
+            for start in range(0, len(levels), MAX_LEGEND - 1):  # one entry is the clean run
+                panels.append((pair, source, levels[start:start + MAX_LEGEND - 1], clean, mine))
+    pairs = list(dict.fromkeys(p[0] for p in panels)) or ["—"]
+    ncols = max([sum(p[0] == pair for p in panels) for pair in pairs] + [1])
+    fig, axes = subplots(ncols, nrows=len(pairs), figsize=(4.4 * ncols, 3.9 * len(pairs)))
+    axes = np.asarray(axes).reshape(len(pairs), ncols)
+    slots = {pair: iter(axes[r]) for r, pair in enumerate(pairs)}
+    used = set()
+    for pair, source, levels, clean, mine in panels:
+        ax = next(slots[pair])
+        used.add(id(ax))
+        series = [("clean", clean, "black", 2.2)] + [
+            (lv, mine[mine["rollout"] == lv], family_color(source, i, len(levels)), 1.3) for i, lv in enumerate(levels)]
+        for label, group, color, width in series:
+            if group.empty:
+                continue
+            curves = [metrics[rid][metrics[rid]["metric"] == "heldout_accuracy"].set_index("step")["value"]
+                      for rid in group["run_id"]]
             frame = pd.concat(curves, axis=1).sort_index() * 100
             mean, sd = frame.mean(axis=1), frame.std(axis=1, ddof=1).fillna(0)
-            style = dict(color="black", linewidth=2.2) if rollout == "clean" else dict(linewidth=1.2)
-            line, = ax.plot(mean.index, mean, label=f"{rollout} (n={frame.shape[1]})", **style)
-            ax.fill_between(mean.index, mean - sd, mean + sd, alpha=0.15, color=line.get_color())
+            ax.plot(mean.index, mean, color=color, linewidth=width, label=f"{label} (n={frame.shape[1]})")
+            ax.fill_between(mean.index, mean - sd, mean + sd, alpha=0.12, color=color)
         style_axes(ax, xlabel="OPD step", ylabel="held-out accuracy (%)")
-        ax.set_title(f"{pair} ({settings})", fontsize=10)
-        ax.legend(fontsize=LEGEND_FONTSIZE - 1, ncol=2)
+        ax.set_title(f"{pair} · {source}", fontsize=10, color=family_color(source))
+        ax.legend(fontsize=LEGEND_FONTSIZE - 1)
+    for ax in axes.flat:  # a pair with fewer families than the widest row
+        if id(ax) not in used:
+            ax.set_visible(False)
+    caption(fig, "Mean over seeds ± 1 sd. Settings per pair — " + "; ".join(captions))
     return fig
 
 

@@ -59,3 +59,41 @@ def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
     assert student_models()["smollm2-135m"] == "smollm2-concise"
     assert str(registry.committed_dir("sort-gpt2") / "student") in student_models()
     assert sum(p.numel() for p in student_skeleton("sort-gpt2").parameters()) > 0  # from config.json, meta device
+
+
+def test_figures_have_short_titles_small_legends_and_one_colour_per_family():
+    """A study with 10 stale levels and 3 formats on 9 lr settings: every panel title is the source (or
+    pair · source), no legend holds more than MAX_LEGEND entries (a large family is split over panels),
+    the settings sit in the caption, and each family's lines use its own colormap (format: blues)."""
+    import dataclasses
+
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
+
+    from mismatch.opd.tolerance import level_table, run_table
+    from mismatch.report.common import MAX_LEGEND
+    from mismatch.report.sweep import levels_figure, seed_curves_figure
+    from mismatch.verdict import Tolerance
+    from tests.opd.test_tolerance import BASE, _run
+
+    rollouts = ["none", *(f"stale:{k}" for k in range(1, 11)), "fp8-e4m3", "int4:group128", "int8:channel"]
+    lrs = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)  # 9 series per source: more than one legend holds
+    frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r, lr=lr), 0.40 - 0.002 * i, 1.0 + 0.01 * i)
+              for s in range(2) for lr in lrs for i, r in enumerate(rollouts)]
+    rows = pd.concat(frames, ignore_index=True)
+    runs = run_table(rows)
+    for fig in (levels_figure(level_table(runs), tolerance=Tolerance()), seed_curves_figure(rows, runs)):
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        titles = [ax.get_title() for ax in axes if ax.get_title()]
+        assert titles and all(len(t) <= 24 for t in titles), titles  # no settings string in a title
+        legends = [len(ax.get_legend().get_texts()) for ax in axes if ax.get_legend() is not None]
+        assert legends and max(legends) <= MAX_LEGEND, legends
+        labels = [t.get_text() for ax in axes if ax.get_legend() is not None for t in ax.get_legend().get_texts()]
+        assert "lr" in fig._mismatch_caption or any("lr" in x for x in labels)  # the differing setting is said
+        for ax in axes:
+            if ax.get_title().endswith("format"):
+                series = [(c.get_label(), c.lines[0]) for c in ax.containers] + [(x.get_label(), x) for x in ax.get_lines()]
+                colours = [mcolors.to_rgb(line.get_color()) for label, line in series
+                           if label.startswith(("fp8", "int", "lr"))]  # the format series, not clean
+                assert colours and all(b > r and b > g for r, g, b in colours), colours  # shades of blue
+        plt.close(fig)
