@@ -33,7 +33,7 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.opd.tolerance import kept_up, level_table, run_table
+from mismatch.opd.tolerance import Analysis, analyse, kept_up
 from mismatch.results import read_results
 from mismatch.version import __version__
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
@@ -221,14 +221,14 @@ def fit_thresholds(results: str | Path | list[str | Path], *, tolerance: Toleran
 
 
 def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: Tolerance = DEFAULT_TOLERANCE,
-                         runs: pd.DataFrame | None = None) -> Thresholds:
+                         analysis: Analysis | None = None) -> Thresholds:
     """`fit_thresholds` on results rows already read (`sources` names them in the provenance);
-    `runs`: their `run_table` when the caller has it already."""
+    `analysis`: their `analyse` when the caller has it (`tolerance` is used only without one)."""
     rows = rows[rows["kind"] == "opd"].dropna(axis=1, how="all")
     if rows.empty:
         raise InputError(f"no OPD runs in {', '.join(sources)}")
-    runs = run_table(rows, tolerance=tolerance) if runs is None else runs
-    levels = level_table(runs, tolerance=tolerance)
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)
+    runs, levels, tolerance = analysis.runs, analysis.levels, analysis.tolerance
     points = labelled_points(rows, runs, levels, tolerance=tolerance)
     labels = points["tolerated"].astype(bool)
     if labels.all() or not labels.any():

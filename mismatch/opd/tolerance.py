@@ -19,6 +19,7 @@ rollout (loss, learning rate, TIS cap, momentum, …), so each grid cell is its 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -115,13 +116,30 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     return frame.drop(columns="order").reset_index(drop=True)
 
 
-def run_verdicts(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Analysis:
+    """The OPD analysis every report reads, computed once (`analyse`): each run against its clean twin
+    (`runs`: `run_table`), the levels pooled over seeds (`levels`: `level_table`), under `tolerance`."""
+
+    tolerance: Tolerance
+    runs: pd.DataFrame
+    levels: pd.DataFrame
+
+
+def analyse(rows: pd.DataFrame, tolerance: Tolerance = DEFAULT_TOLERANCE) -> Analysis:
+    """`Analysis` of the OPD rows among `rows` (tidy results; other kinds are ignored)."""
+    runs = run_table(rows[rows["kind"] == "opd"], tolerance=tolerance)
+    return Analysis(tolerance, runs, level_table(runs, tolerance=tolerance))
+
+
+def run_verdicts(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
+                 analysis: Analysis | None = None) -> pd.DataFrame:
     """`run_table` with each run's verdict as the one rule gives it — its level's, pooled over every seed
     of the level in `rows` (so one seed is `uncertain`, never a verdict) — in `verdict`, the level's
     `seeds`, and `status`: the verdict, `baseline` for a clean run, `no baseline`, or `unfinished at step
     k of N` for a run (or its clean twin) that did not reach its last step (never read as final)."""
-    runs = run_table(rows, tolerance=tolerance)
-    levels = level_table(runs, tolerance=tolerance)
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)  # `tolerance` only without one
+    runs, levels = analysis.runs, analysis.levels
     keys = ["pair", "source", "settings", "level"]
     by_level = {tuple(r[k] for k in keys): (r["verdict"], r["seeds"]) for r in levels.to_dict("records")}
     found = [by_level.get(tuple(r[k] for k in keys), ("uncertain", 0)) for r in runs.to_dict("records")]

@@ -27,7 +27,7 @@ from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import of_kind, read_many
-from mismatch.opd.tolerance import level_table, run_table
+from mismatch.opd.tolerance import analyse
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 
@@ -40,13 +40,12 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Toleran
     if "probe" in present:
         written += write_probe_report(of_kind(rows, "probe"), out_dir)
     if "opd" in present:
-        written += write_opd_report(of_kind(rows, "opd"), out_dir, tolerance=tolerance)
-        runs = run_table(rows[rows["kind"] == "opd"], tolerance=tolerance)  # once, for the three below
-        tol = dict(tolerance=tolerance, runs=runs)
-        written += write_sweep_report(rows, out_dir, **tol)
-        written += write_admission_report(rows, out_dir, sources=sources or ["results"], **tol)
-        written += write_frontier_report(rows, out_dir, **tol)
-        written += write_engines_report(rows, out_dir, levels=level_table(runs, tolerance=tolerance))
+        analysis = analyse(rows, tolerance)  # once, for every writer below
+        written += write_opd_report(of_kind(rows, "opd"), out_dir, analysis=analysis)
+        written += write_sweep_report(rows, out_dir, analysis=analysis)
+        written += write_admission_report(rows, out_dir, sources=sources or ["results"], analysis=analysis)
+        written += write_frontier_report(rows, out_dir, analysis=analysis)
+        written += write_engines_report(rows, out_dir, levels=analysis.levels)
     return written
 
 

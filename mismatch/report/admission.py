@@ -10,6 +10,7 @@ import pandas as pd
 
 from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
+from mismatch.opd.tolerance import Analysis
 from mismatch.report.common import plus_minus
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -59,14 +60,14 @@ def admission_markdown(t: Thresholds) -> str:
 
 
 def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: list[str],
-                           tolerance: Tolerance = DEFAULT_TOLERANCE, runs: pd.DataFrame | None = None
+                           tolerance: Tolerance = DEFAULT_TOLERANCE, analysis: Analysis | None = None
                            ) -> list[Path]:
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
-    judged OPD levels of static sources with first-step statistics; nothing otherwise. `runs`: the
-    OPD rows' `run_table` when the caller has it already."""
+    judged OPD levels of static sources with first-step statistics; nothing otherwise. `analysis`: the
+    rows' `analyse` when the caller has it (`tolerance` is used only without one)."""
     out_dir = Path(out_dir)
     try:
-        t = thresholds_from_rows(rows, sources=sources, tolerance=tolerance, runs=runs)
+        t = thresholds_from_rows(rows, sources=sources, tolerance=tolerance, analysis=analysis)
     except NotEnoughDataError as exc:  # judged levels, but all on one side: say so, fit nothing
         (out_dir / "admission.md").write_text(f"# Admission check\n\nNo limit fitted: {exc}.\n", encoding="utf-8")
         return [out_dir / "admission.md"]

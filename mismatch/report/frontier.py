@@ -27,7 +27,7 @@ from mismatch.rollout_spec import RolloutSpec
 from mismatch.opd.verdict import opd_runs
 from mismatch.pairs.registry import member_spec
 from mismatch.report.common import plus_minus
-from mismatch.opd.tolerance import kept_up, level_table, run_table
+from mismatch.opd.tolerance import Analysis, analyse, kept_up
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
@@ -64,13 +64,14 @@ NOT_COSTED = ("Engine levels (`engine:llama.cpp,…`) are not costed here: which
 
 
 def frontier_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
-                   runs: pd.DataFrame | None = None) -> pd.DataFrame:
+                   analysis: Analysis | None = None) -> pd.DataFrame:
     """Every judged level with its cost factors (`COST_COLUMNS`), `kept_up` (the means within the
     thresholds), and `cheapest` marks: `tolerated` / `by means` on each pair's cheapest such level
-    by step wall clock. `runs`: the OPD rows' `run_table` when the caller has it already."""
+    by step wall clock. `analysis`: the rows' `analyse` when the caller has it (`tolerance` is used only
+    without one)."""
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, tolerance=tolerance) if runs is None else runs
-    levels = level_table(runs, tolerance=tolerance)
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)
+    runs, levels, tolerance = analysis.runs, analysis.levels, analysis.tolerance
     levels = levels[levels["source"] != "engine"] if len(levels) else levels  # NOT_COSTED
     if levels.empty:
         return levels
@@ -128,9 +129,11 @@ def frontier_markdown(table: pd.DataFrame, *, tolerance: Tolerance) -> str:
     return "\n".join(lines)
 
 
-def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE, runs: pd.DataFrame | None = None) -> list[Path]:
+def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
+                          analysis: Analysis | None = None) -> list[Path]:
     """Write `cost_frontier.md` and `cost_frontier.csv` (nothing without judged OPD levels)."""
-    table = frontier_table(rows, tolerance=tolerance, runs=runs)
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)
+    table = frontier_table(rows, analysis=analysis)
     if table.empty:
         return []
     out_dir = Path(out_dir)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from mismatch.opd.verdict import final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
-from mismatch.opd.tolerance import run_verdicts
+from mismatch.opd.tolerance import Analysis, analyse, run_verdicts
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
@@ -57,8 +57,9 @@ def _config_value(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _verdicts_markdown(rows: pd.DataFrame, tolerance: Tolerance) -> list[str]:
-    table = run_verdicts(rows, tolerance=tolerance)  # verdict_table + source, level, verdict
+def _verdicts_markdown(rows: pd.DataFrame, analysis: Analysis) -> list[str]:
+    tolerance = analysis.tolerance
+    table = run_verdicts(rows, analysis=analysis)  # verdict_table + source, level, verdict
     judged = table[~table["clean"] & (table["baseline"] != "")]
     settings = dict(zip(table["run_id"], table["settings"])) if table["settings"].nunique() > 1 else {}
     seeds = table["seed"].nunique() > 1
@@ -96,13 +97,16 @@ def _verdicts_markdown(rows: pd.DataFrame, tolerance: Tolerance) -> list[str]:
     return lines + [markdown_table(shown)]
 
 
-def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> list[Path]:
+def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
+                     analysis: Analysis | None = None) -> list[Path]:
     """Write `opd_verdicts.md` and, for at most `MAX_CURVES` runs, `opd_curves.png` for the OPD runs
-    in `rows` (tidy, kind `opd`); returns the paths written."""
+    in `rows` (tidy, kind `opd`); returns the paths written. `analysis`: the rows' `analyse` when the
+    caller has it (`tolerance` is used only without one)."""
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     verdicts = out_dir / "opd_verdicts.md"
-    verdicts.write_text("\n".join(_verdicts_markdown(rows, tolerance)) + "\n")
+    verdicts.write_text("\n".join(_verdicts_markdown(rows, analysis)) + "\n")
     if rows["run_id"].nunique() > MAX_CURVES:  # a study: seed_curves.png (report.sweep) shows seed means
         return [verdicts]
     return [save_figure(curves_figure(rows), out_dir / "opd_curves.png"), verdicts]

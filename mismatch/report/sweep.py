@@ -28,7 +28,8 @@ from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
 from mismatch.report.probe import is_isolation
-from mismatch.opd.tolerance import CATEGORICAL_SOURCES, LEVEL_SOURCES, level_table, run_table, tolerance_table, weight_bits
+from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, Analysis, analyse, tolerance_table,
+                                     weight_bits)
 from mismatch.results import summaries
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -270,14 +271,14 @@ def _pm(mean: float, half: float, pattern: str) -> str:
 
 
 def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
-                       runs: pd.DataFrame | None = None) -> list[Path]:
+                       analysis: Analysis | None = None) -> list[Path]:
     """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows;
-    `runs`: the OPD rows' `run_table` when the caller has it already."""
+    `analysis`: the rows' `analyse` when the caller has it (`tolerance` is used only without one)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     opd = rows[rows["kind"] == "opd"]
-    runs = run_table(opd, tolerance=tolerance) if runs is None else runs
-    levels = level_table(runs, tolerance=tolerance)
+    analysis = analysis if analysis is not None else analyse(rows, tolerance)
+    runs, levels, tolerance = analysis.runs, analysis.levels, analysis.tolerance
     if levels.empty:
         return []
     summary = tolerance_table(levels)

@@ -97,3 +97,28 @@ def test_figures_have_short_titles_small_legends_and_one_colour_per_family():
                            if label.startswith(("fp8", "int", "lr"))]  # the format series, not clean
                 assert colours and all(b > r and b > g for r, g, b in colours), colours  # shades of blue
         plt.close(fig)
+
+
+def test_write_reports_computes_the_analysis_once(tmp_path, monkeypatch):
+    """Every writer reads one `Analysis`: the pooling over seeds (`level_table`) and the twin matching
+    (`run_table`) run once per report, not once per writer."""
+    import dataclasses
+
+    from mismatch.opd import tolerance
+    from mismatch.report import write_reports
+    from tests.opd.test_tolerance import BASE, _run
+
+    calls = {"run_table": 0, "level_table": 0}
+    for name in calls:
+        original = getattr(tolerance, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(tolerance, name, counted)
+    frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40, 1.0) for s in range(2)
+              for r in ("none", "fp8-e4m3", "stale:1")]
+    written = [p.name for p in write_reports(pd.concat(frames, ignore_index=True), tmp_path)]
+    assert {"opd_verdicts.md", "tolerance.md", "cost_frontier.md"} <= set(written)  # the premise: writers ran
+    assert calls == {"run_table": 1, "level_table": 1}
