@@ -122,3 +122,19 @@ def test_importing_mismatch_changes_no_environment_variable():
             "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_reports_read_results_and_instantiate_no_model():
+    """`mismatch/report/` imports neither torch nor transformers nor the modules that load, build or train
+    models: what a report needs (cost factors, sizes) is on the rows."""
+    builders = {"mismatch.model.loader", "mismatch.pairs.build", "mismatch.opd.trainer", "mismatch.probes.core",
+                "mismatch.probes.runs", "mismatch.engines.llamacpp"}
+    modules = _modules()
+    reports = {m: p for m, p in modules.items() if m.startswith("mismatch.report")}
+    assert len(reports) >= 8  # the premise: the report modules are read
+    for module, path in reports.items():
+        found = _imports(module, path, modules)
+        tree = ast.parse(path.read_text())
+        third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+            n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert not found & builders and not third & {"torch", "transformers"}, (module, found & builders)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from mismatch.admission.calibration import calibration_prompts, response_budget, small_calibration_notes, wanted_tokens
-from mismatch.admission.cost import measured_cost, rollout_cost
+from mismatch.rollout_cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
 from mismatch.admission.judge import Decision, combine_status, judge, resolve_gates
 from mismatch.admission.recipe import search_recipe

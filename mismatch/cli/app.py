@@ -234,6 +234,18 @@ def report(
     console.wrote(err, *write_report(results, out_dir, tolerance=Tolerance(acc_tol=acc_tol, kl_tol=kl_tol), force=force))
 
 
+@command(app, name="add-costs")
+def add_costs(
+    results: Annotated[Path, typer.Argument(help="A results dataset directory or .parquet/.csv file.")],
+) -> None:
+    """Write the rollout cost factors onto OPD runs written before mismatch stored them (the cost frontier reads them)."""
+    from mismatch.opd.runs import add_cost_factors
+
+    with err.status(f"costing the OPD runs of {results}…"):
+        n = add_cost_factors(results)
+    err.print(f"{n} OPD run{'s' if n != 1 else ''} given cost factors in {results}")
+
+
 for _name, _fn in (("check", cli_check.check), ("thresholds", cli_check.thresholds),
                   ("score-rollouts", cli_engines.score_rollouts)):
     command(app, _name)(_fn)

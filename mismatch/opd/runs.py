@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from mismatch.errors import InputError
+from mismatch.errors import InputError, MismatchError
 from mismatch.files import check_writable
+from mismatch.rollout_cost import COST_FACTOR_COLUMNS, cost_factors
 from mismatch.rollout_spec import require_engines
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.trainer import train
 from mismatch.opd.verdict import run_label
-from mismatch.pairs.registry import pair_digest
-from mismatch.results import ResultsWriter, provenance, run_id, tidy
+from mismatch.pairs.registry import pair_digest, student_architecture
+from mismatch.results import ResultsWriter, provenance, read_results, run_id, tidy, write_frame
 
 RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
 
@@ -42,6 +44,51 @@ def run_columns(config: OPDConfig) -> dict[str, object]:
     digest of the pair's data (`mismatch.pairs.pair_digest`); with the toolkit's version they make
     the run's id (`mismatch.results.run_id`)."""
     return {**dataclasses.asdict(config), "pair_sha256": pair_digest(config.pair)}
+
+
+def run_cost_factors(config: OPDConfig) -> dict[str, float]:
+    """The rollout cost factors of a run (`mismatch.rollout_cost.COST_FACTOR_COLUMNS`) on its pair
+    student's architecture, written on its rows so that reports cost it without a model; NaN where it is
+    not costed (an engine's export, whose stored types depend on the shapes) or the architecture is not
+    local."""
+    rollout = config.rollout_spec
+    if rollout.engine is not None:
+        return dict.fromkeys(COST_FACTOR_COLUMNS, math.nan)
+    try:
+        model = student_architecture(config.pair)
+    except MismatchError:
+        return dict.fromkeys(COST_FACTOR_COLUMNS, math.nan)
+    return cost_factors(model, rollout.perturbation_spec, config.layers)
+
+
+def add_cost_factors(path: str | Path) -> int:
+    """Write the cost factors (`run_cost_factors`) onto the OPD runs of a results dataset that lack them
+    (runs written before mismatch stored them), so that `mismatch report` costs them as it costs new
+    runs: each parquet part of a dataset directory, or a results file, is rewritten through a temporary
+    file (all or nothing per file). Returns the number of OPD runs given factors.
+
+    Raises:
+        InputError: `path` is not a results dataset or file.
+    """
+    path = Path(path)
+    targets = sorted(p for p in path.glob("*-opd-*.parquet") if not p.name.startswith(".")) if path.is_dir() else [path]
+    if path.is_dir() and not targets:
+        raise InputError(f"no OPD parts in {path}")
+    done: set[str] = set()
+    for target in targets:
+        frame = read_results(target)
+        opd = frame["kind"] == "opd"
+        if not opd.any() or (set(COST_FACTOR_COLUMNS) <= set(frame.columns) and frame.loc[opd, list(COST_FACTOR_COLUMNS)].notna().all().all()):
+            continue
+        for rid, run in frame[opd].groupby("run_id", sort=False):
+            first = run.iloc[0]
+            config = OPDConfig(pair=str(first["pair"]), rollout=str(first["rollout"]),
+                               staleness=int(first["staleness"]), layers=str(first["layers"]))
+            for name, value in run_cost_factors(config).items():
+                frame.loc[frame["run_id"] == rid, name] = value
+            done.add(str(rid))
+        write_frame(frame, target)
+    return len(done)
 
 
 def plan(base: OPDConfig, rollouts: Sequence[str] = (), *, baseline: bool = False) -> list[OPDConfig]:
@@ -103,6 +150,7 @@ def _run_one(configs: Sequence[OPDConfig], index: int, writer: ResultsWriter | N
     fails; its tidy rows."""
     config = configs[index]
     columns = run_columns(config)
+    stamp = {**stamp, **run_cost_factors(config)}  # beside the provenance: not part of the run's id
     pending: list[dict] = []
 
     def flush() -> None:

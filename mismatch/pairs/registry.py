@@ -419,6 +419,27 @@ def load_member(spec: str, **kwargs) -> LM:
     return LM(lm.model, lm.tokenizer, spec)
 
 
+def student_architecture(pair: str):
+    """The pair student's architecture on the meta device, from its `config.json` (shapes only, no weight
+    read): what the rollout cost factors need when a run is written (`mismatch.rollout_cost.cost_factors`).
+
+    Raises:
+        MismatchError: the pair is unknown here, or its student has no local `config.json`.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mismatch.model.loader import smollm2_checkpoint
+
+    spec = member_spec(f"{pair}:student")
+    directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
+    if not (directory / "config.json").is_file():
+        raise ModelNotAvailableError(f"no config.json for {pair}'s student at {directory}")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def pair_digest(name: str) -> str:
     """16 hex digits identifying the data pair `name` reads — its weights (file contents), prompt
     file and build recipe — computed without loading it; part of an OPD run's id.

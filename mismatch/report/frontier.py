@@ -1,10 +1,11 @@
 """The cost frontier per pair: what each rollout configuration of a study costs, how OPD fared with it,
 and the cheapest configuration that stayed tolerated.
 
-Costs are the analytic factors of `mismatch.admission.cost` (weight bytes read per decoded token,
-rollouts generated per trained step, the step's wall clock with the overlap a lag allows),
-computed on the pair student's *architecture*: its `config.json` instantiated on the meta device,
-so no weight is read. The rollout share of a step (for the wall clock) is each pair's own, measured
+Costs are the analytic factors of `mismatch.rollout_cost` (weight bytes read per decoded token,
+rollouts generated per trained step, the step's wall clock with the overlap a lag allows). The
+model-dependent ones (`COST_FACTOR_COLUMNS`) were computed on the pair student's architecture when each
+run was written and are read from its rows: the report instantiates no model. Levels whose rows lack
+them (written before mismatch stored them) are not costed. The rollout share of a step (for the wall clock) is each pair's own, measured
 in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.opd.tolerance`. The
 cheapest configuration is named twice: by the interval verdict (`tolerated`), and by the means
 alone (Δ accuracy ≥ −acc_tol and KL ratio ≤ 1 + kl_tol: kept up with clean on average, not shown
@@ -17,31 +18,15 @@ import math
 from pathlib import Path
 
 import pandas as pd
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
-from mismatch.admission.cost import rollout_cost
-from mismatch.errors import MismatchError
-from mismatch.model.loader import smollm2_checkpoint
+from mismatch.rollout_cost import COST_FACTOR_COLUMNS, assemble_cost
 from mismatch.rollout_spec import RolloutSpec
 from mismatch.opd.verdict import opd_runs
-from mismatch.pairs.registry import member_spec
 from mismatch.report.common import plus_minus
 from mismatch.opd.tolerance import Analysis, analyse, kept_up
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")
-
-
-def student_skeleton(pair: str) -> torch.nn.Module:
-    """The pair student's architecture on the meta device (from its config.json; no weight read)."""
-    spec = member_spec(f"{pair}:student", build=False)
-    directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
-    if not (directory / "config.json").is_file():
-        raise MismatchError(f"no config.json for {pair}'s student at {directory}")
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
 
 
 def rollout_shares(runs: list[tuple[dict, list[dict]]]) -> dict[str, float]:
@@ -77,23 +62,18 @@ def frontier_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERAN
         return levels
     per_run = opd_runs(opd)
     configs = {cfg["run_id"]: cfg for cfg, _ in per_run}
-    shares, skeletons, costs = rollout_shares(per_run), {}, []
+    shares, costs = rollout_shares(per_run), []
     first = runs.drop_duplicates(["pair", "source", "settings", "level"]).set_index(
         ["pair", "source", "settings", "level"])["run_id"]
     for row in levels.itertuples():
         cfg = configs[first[(row.pair, row.source, row.settings, row.level)]]
         rollout = RolloutSpec.parse(str(cfg["rollout"]), int(cfg.get("staleness", 0)))
-        spec, k, r = rollout.perturbation_spec, rollout.staleness, rollout.reuse
-        if row.pair not in skeletons:
-            try:
-                skeletons[row.pair] = student_skeleton(row.pair)
-            except MismatchError:  # not a pair of this installation: its costs stay unknown
-                skeletons[row.pair] = None
-        if skeletons[row.pair] is None:
-            costs.append({name: math.nan for name in (*COST_COLUMNS, "rollout_share")})
+        factors = [float(cfg.get(name, math.nan)) for name in COST_FACTOR_COLUMNS]  # stored when the run was written
+        if any(math.isnan(f) for f in factors):  # rows written before they were stored, or not costed
+            costs.append({name: math.nan for name in COST_COLUMNS} | {"rollout_share": shares.get(row.pair, 0.5)})
             continue
-        c = rollout_cost(skeletons[row.pair], spec, str(cfg.get("layers") or "linear"), staleness=k, reuse=r,
-                         rollout_share=shares.get(row.pair, 0.5))
+        c = assemble_cost(rollout.perturbation_spec or "none", *factors, rollout.staleness, rollout.reuse,
+                          shares.get(row.pair, 0.5))
         costs.append({name: getattr(c, name) for name in COST_COLUMNS} | {"rollout_share": c.rollout_share})
     table = pd.concat([levels.reset_index(drop=True), pd.DataFrame(costs)], axis=1)
     table["kept_up"] = kept_up(table, tolerance=tolerance)
@@ -121,12 +101,25 @@ def frontier_markdown(table: pd.DataFrame, *, tolerance: Tolerance) -> str:
                   "| source | level | settings | weight bytes | rollouts | step wall | Δ accuracy (pts) | KL ratio | "
                   "verdict | kept up | cheapest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in group.itertuples():
-            lines.append(f"| {r.source} | {r.level} | {r.settings} | ×{r.weight_bytes:.3f} | ×{r.rollouts_generated:.3g} | "
-                         f"×{r.step_wall:.3f} | {plus_minus(r.acc_delta, r.acc_delta_hw, 100, '{:+.1f}')} | "
+            lines.append(f"| {r.source} | {r.level} | {r.settings} | {_times(r.weight_bytes, '.3f')} | "
+                         f"{_times(r.rollouts_generated, '.3g')} | {_times(r.step_wall, '.3f')} | "
+                         f"{plus_minus(r.acc_delta, r.acc_delta_hw, 100, '{:+.1f}')} | "
                          f"{plus_minus(r.kl_ratio, r.kl_ratio_hw, 1, '{:.3f}')} | {r.verdict} | "
                          f"{'yes' if r.kept_up else 'no'} | {r.cheapest} |")
         lines.append("")
+    if table["weight_bytes"].isna().any():
+        lines += [UNCOSTED, ""]
     return "\n".join(lines)
+
+
+UNCOSTED = ("Levels shown — are not costed: their rows carry no cost factors (runs written before mismatch stored "
+            "them beside the provenance, or a pair whose student's architecture was not local where the run was "
+            "written); the same runs written again carry them.")
+
+
+def _times(value: float, spec: str) -> str:
+    """`×value` for a cost factor, or — when it is unknown."""
+    return "—" if math.isnan(value) else f"×{value:{spec}}"
 
 
 def write_frontier_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,

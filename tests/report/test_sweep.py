@@ -48,7 +48,6 @@ def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
     """Reports read results: naming a synthetic pair's student must not verify or build (train) its weights,
     even when the recipe hash no longer matches the committed ones."""
     from mismatch.pairs import registry
-    from mismatch.report.frontier import student_skeleton
     from mismatch.report.sweep import student_models
 
     def refuse(*args, **kwargs):
@@ -58,7 +57,6 @@ def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
     monkeypatch.setattr(registry, "build_pair", refuse)
     assert student_models()["smollm2-135m"] == "smollm2-concise"
     assert str(registry.committed_dir("sort-gpt2") / "student") in student_models()
-    assert sum(p.numel() for p in student_skeleton("sort-gpt2").parameters()) > 0  # from config.json, meta device
 
 
 def test_figures_have_short_titles_small_legends_and_one_colour_per_family():

@@ -18,6 +18,9 @@ from mismatch.opd.runs import run_columns
 from mismatch.results import ROW_KEY, read_results, run_id, summaries
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
 from mismatch.opd import OPDConfig
+import mismatch
+from mismatch.pairs.registry import member_spec
+from mismatch.rollout_cost import rollout_cost
 from mismatch.sweep.estimate import estimates, longest_first
 
 STUDY = """
@@ -74,6 +77,14 @@ def test_a_sweep_runs_every_task_once_and_resume_skips_them(tmp_path):
     table = verdict_table(rows[rows.kind == "opd"]).set_index("rollout")
     assert list(table.index) == ["clean", "fp8-e4m3", "stale:1"]
     assert (table.loc[["fp8-e4m3", "stale:1"], "baseline"] == table.loc["clean", "run_id"]).all()
+    # every OPD row carries its run's cost factors, the real student's analytic cost (the report reads them)
+    student = mismatch.load(member_spec(f"{study.plan.opd[0].pair}:student")).model
+    for config in study.plan.opd:
+        mine = rows[rows.run_id == run_id("opd", run_columns(config))]
+        want = rollout_cost(student, config.rollout_spec.perturbation_spec, config.layers)
+        got = mine[["cost_reference_bits", "cost_weight_bytes", "cost_matmul"]].drop_duplicates()
+        assert len(got) == 1 and tuple(got.iloc[0]) == pytest.approx((want.reference_bits, want.weight_bytes,
+                                                                         want.matmul_cost))
     parts = sorted(p.name for p in out.glob("*.parquet"))
     # estimates fitted from this sweep's own ledger and rows fall within its measured task times
     seconds = {tid: r["seconds"] for tid, r in read_ledger(out).items()}

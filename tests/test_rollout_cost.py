@@ -3,7 +3,7 @@
 import pytest
 
 import mismatch
-from mismatch.admission.cost import generation_speed, measured_cost, rollout_cost
+from mismatch.rollout_cost import generation_speed, measured_cost, rollout_cost
 from mismatch.errors import InputError
 
 # tiny-llama: vocab 259, hidden 64, MLP 128, 3 blocks, 4 heads of 16, 2 KV heads, untied head, fp32

@@ -96,7 +96,7 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
         raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
     ref_bits = float(next(model.parameters()).element_size() * 8)
     if bits is None:
-        return _assemble(str(config) if config else "none", ref_bits, 1.0, 1.0, staleness, reuse, rollout_share)
+        return assemble_cost(str(config) if config else "none", ref_bits, 1.0, 1.0, staleness, reuse, rollout_share)
     modules = dict(model.named_modules())
     quantized = [n for n in select(model, layers) if n not in set(kept)]
     moes = moe_blocks(model)
@@ -122,11 +122,13 @@ def rollout_cost(model: nn.Module, spec: str | None, layers: str = "linear", *, 
     all_flops = sum(flops_params.values())
     matmul = (sum(v for n, v in flops_params.items() if n not in quantized)
               + sum(flops_params[n] for n in quantized) * mm_bits / ref_bits) / all_flops
-    return _assemble(str(config), ref_bits, cand_bytes / ref_bytes, matmul, staleness, reuse, rollout_share)
+    return assemble_cost(str(config), ref_bits, cand_bytes / ref_bytes, matmul, staleness, reuse, rollout_share)
 
 
-def _assemble(spec: str, ref_bits: float, weight_bytes: float, matmul: float, staleness: int, reuse: int,
-              rollout_share: float) -> Cost:
+def assemble_cost(spec: str, ref_bits: float, weight_bytes: float, matmul: float, staleness: int, reuse: int,
+                  rollout_share: float) -> Cost:
+    """The totals from the model-dependent factors (`weight_bytes`, `matmul` relative to the model's
+    precision of `ref_bits`) and the pipeline's lag, reuse and rollout share (module docstring)."""
     generated = 1.0 / reuse
     cost = weight_bytes * generated
     rollout, rest = rollout_share * cost, 1.0 - rollout_share
@@ -134,6 +136,18 @@ def _assemble(spec: str, ref_bits: float, weight_bytes: float, matmul: float, st
     return Cost(spec=spec, reference_bits=ref_bits, weight_bytes=weight_bytes, matmul_cost=matmul,
                 rollouts_generated=generated, staleness=staleness, rollout_share=rollout_share,
                 rollout_cost=cost, step_wall=wall)
+
+
+# what an OPD run's rows carry so that reports cost it without a model (written beside the provenance)
+COST_FACTOR_COLUMNS = ("cost_reference_bits", "cost_weight_bytes", "cost_matmul")
+
+
+def cost_factors(model: nn.Module, spec: str | None, layers: str = "linear") -> dict[str, float]:
+    """The model-dependent factors of `rollout_cost` (`COST_FACTOR_COLUMNS`) for a rollout copy under the
+    perturbation `spec` on `layers` (None: the student's own weights): what `assemble_cost` needs besides
+    the pipeline's lag, reuse and rollout share. `model` may be on the meta device (shapes only)."""
+    c = rollout_cost(model, spec, layers)
+    return dict(zip(COST_FACTOR_COLUMNS, (c.reference_bits, c.weight_bytes, c.matmul_cost)))
 
 
 REAL_KERNELS = (BnbConfig, QuantoConfig)  # formats with kernels of their own; torch-native ones run fake-quantized
