@@ -18,6 +18,19 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt
 
 
 @dataclass(frozen=True)
+class CalibrationSettings:
+    """What the check is asked for: calibration `prompts` (a file, one per line, or a list; None: a pair
+    student's held-out task prompts, else the built-in general prompts), the first `n_prompts` of them,
+    `max_new_tokens` sampled per prompt (None: the pair's response length, else 128; capped to the
+    model's context), `chat` (wrap in the chat template; None: when the tokenizer has one)."""
+
+    prompts: str | Path | tuple[str, ...] | list[str] | None = None
+    n_prompts: int = 16
+    max_new_tokens: int | None = None
+    chat: bool | None = None
+
+
+@dataclass(frozen=True)
 class Calibration:
     """The calibration set's prompts and how to sample them."""
 

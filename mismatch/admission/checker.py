@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from mismatch.admission.calibration import calibration_prompts, response_budget, small_calibration_notes, wanted_tokens
+from mismatch.admission.calibration import (CalibrationSettings, calibration_prompts, response_budget,
+                                            small_calibration_notes, wanted_tokens)
 from mismatch.rollout_cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
 from mismatch.admission.judge import Decision, combine_status, judge, resolve_gates
@@ -114,28 +115,37 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[D
     return _carried(source, level, status, note, r)
 
 
-def check(model: str | LM, rollout: str | None = None, prompts: str | Path | list[str] | None = None,
-          layers: str = "linear", thresholds: Thresholds | str | Path | dict[str, float] | None = None,
-          seed: int = 0, *, staleness: int = 0, reuse: int = 1, presets: tuple[str, ...] = (),
-          n_prompts: int = 16, max_new_tokens: int | None = None, chat: bool | None = None, clip: float = 2.0,
-          recipe: bool = False, rollouts: str | Path | None = None) -> Admission:
+@dataclass(frozen=True)
+class Pipeline:
+    """The intended pipeline's lag and reuse, which cannot be measured before training: K ≥ 0 optimizer
+    steps of staleness, R ≥ 1 steps per rollout batch (the check carries over the study's verdict)."""
+
+    staleness: int = 0
+    reuse: int = 1
+
+    def __post_init__(self) -> None:
+        if self.staleness < 0 or self.reuse < 1:
+            raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {self.staleness}, {self.reuse}")
+
+
+def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear",
+          calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
+          thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
+          seed: int = 0, clip: float = 2.0, recipe: bool = False, rollouts: str | Path | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
         model: anything `mismatch.load` takes (a local checkpoint, a built-in, `PAIR:student`), or an LM.
         rollout: the rollout copy's perturbation spec (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`,
-            …); staleness and reuse are given separately. None: `DEFAULT_ROLLOUT`, unless `rollouts` is given.
-        prompts: calibration prompts (a file, one per line, or a list); default: a pair student's
-            held-out task prompts, else the built-in general prompts.
+            …); the lag and reuse are the `pipeline`'s. None: `DEFAULT_ROLLOUT`, unless `rollouts` is given.
         layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
+        calibration: which prompts, how many, how many new tokens, chat or not (`CalibrationSettings`).
+        pipeline: the intended pipeline's staleness K and reuse R (carried over from the study).
         thresholds: fitted limits (a `Thresholds`, a thresholds JSON file, or `{metric: limit}`);
             default: the shipped ones.
-        seed: sampling and bootstrap seed (same seed, same answer).
-        staleness, reuse: the intended pipeline's lag K and reuse R (carried over from the study).
         presets: practitioners' gates to apply too (`verl`, `slime`, `nemo-rl`).
-        n_prompts, max_new_tokens: calibration size (default 16 prompts × ≤ 128 sampled tokens; a
-            pair's own response length for its task prompts; capped to the model's context).
-        chat: wrap prompts in the chat template (default: when the tokenizer has one).
+        seed: sampling and bootstrap seed (same seed, same answer).
+        clip: importance ratios outside [1/clip, clip] are counted.
         recipe: search a mixed-precision recipe (`mismatch.admission.recipe`) even when not rejected; a
             rejection by the first (fitted) gate always searches one, against that gate.
         rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
@@ -148,30 +158,30 @@ def check(model: str | LM, rollout: str | None = None, prompts: str | Path | lis
     if rollouts is not None:
         if rollout is not None:  # an explicit spec is never dropped in favour of the dump
             raise InputError("give either a rollout spec or a rollouts file, not both")
-        return _check_dump(model, rollouts, thresholds, seed=seed, staleness=staleness, reuse=reuse,
-                           presets=presets, clip=clip, recipe=recipe)
+        return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
+                           recipe=recipe)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
-    name, lm = _loaded(model, staleness, reuse, seed)
+    name, lm = _loaded(model, seed)
     select(lm.model, layers)  # fail fast on a bad scope
-    cal = calibration_prompts(name, prompts, n_prompts, seed)
-    use_chat = chat if chat is not None else cal.chat if cal.chat is not None else bool(
+    cal = calibration_prompts(name, calibration.prompts, calibration.n_prompts, seed)
+    use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
-    new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(max_new_tokens, cal))
+    new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
     table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
-    lagged = _lagged(table, staleness, reuse)
-    calibration = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
-                   "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
+    lagged = _lagged(table, pipeline)
+    used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
+            "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
     decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
-                          notes=[*small_calibration_notes(calibration["sequences"]), *(n for _, n in lagged)],
-                          calibration=calibration)
+                          notes=[*small_calibration_notes(used["sequences"]), *(n for _, n in lagged)],
+                          calibration=used)
     searched = recipe or decisions[0].status == "reject"  # the fitted (first) gate failed, or asked for
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
-    admission.cost = _cost(lm, spec, layers, kept, cal.texts, staleness=staleness, reuse=reuse, seed=seed)
+    admission.cost = _cost(lm, spec, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
     return admission
 
 
@@ -187,10 +197,8 @@ def _rollout_spec(rollout: str):
     return parse_spec(rollout)
 
 
-def _loaded(model: str | LM, staleness: int, reuse: int, seed: int) -> tuple[str, LM]:
-    """The model's name and the model, once the pipeline's staleness and reuse are valid."""
-    if staleness < 0 or reuse < 1:
-        raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {staleness}, {reuse}")
+def _loaded(model: str | LM, seed: int) -> tuple[str, LM]:
+    """The model's name and the model."""
     return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed))
 
 
@@ -201,22 +209,23 @@ def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresho
     return table, resolve_gates(thresholds, table) + list(preset_gates(tuple(presets)))
 
 
-def _lagged(table: Thresholds, staleness: int, reuse: int) -> list[tuple[Decision, str]]:
+def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]:
+    """The study's carried-over verdicts of the pipeline's lag and reuse (none for K = 0, R = 1)."""
     return [_lagged_decision(table, source, level) for source, level, off in
-            (("stale", staleness, 0), ("reuse", reuse, 1)) if level != off]
+            (("stale", pipeline.staleness, 0), ("reuse", pipeline.reuse, 1)) if level != off]
 
 
-def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, staleness: int, reuse: int,
+def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
                 presets: tuple[str, ...], clip: float, recipe: bool) -> Admission:
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
-    name, lm = _loaded(model, staleness, reuse, seed)
+    name, lm = _loaded(model, seed)
     table, gates = _thresholds_and_gates(thresholds, presets)
     scored = score_rollouts(lm, rollouts, clip=clip)
     tok = scored.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
-    lagged = _lagged(table, staleness, reuse)
+    lagged = _lagged(table, pipeline)
     decisions = [*decisions, *(d for d, _ in lagged)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])), *(n for _, n in lagged)]
     if recipe:
@@ -227,11 +236,12 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
                      status=combine_status([d.status for d in decisions]), notes=notes, calibration=calibration)
 
 
-def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, staleness: int, reuse: int,
+def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, pipeline: Pipeline,
           seed: int) -> dict | None:
     """The analytic cost of the rollout configuration, with measured speeds where CUDA and the
     format's own kernels are present."""
-    cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=staleness, reuse=reuse).to_dict()
+    cost = rollout_cost(lm.model, str(spec), layers, kept=kept, staleness=pipeline.staleness,
+                        reuse=pipeline.reuse).to_dict()
     measured = measured_cost(lm, str(spec), texts, layers=layers, seed=seed)
     if measured is not None:
         cost["measured"] = measured

@@ -37,10 +37,12 @@ def check(
     from mismatch.cli import tables as console
 
     with err.status(f"checking {rollout or rollouts} on {model}…"):
-        admission = admission_lib.check(model, rollout, prompts=prompts, layers=layers, thresholds=thresholds, seed=seed,
-                                    staleness=staleness, reuse=reuse, presets=tuple(preset or ()),
-                                    n_prompts=n_prompts, max_new_tokens=max_new_tokens, recipe=recipe,
-                                    rollouts=rollouts)
+        calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
+                                                        max_new_tokens=max_new_tokens)
+        admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
+                                        pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse),
+                                        thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
+                                        rollouts=rollouts)
     if json_out:
         typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
     else:

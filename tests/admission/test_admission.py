@@ -1,6 +1,7 @@
 """The admission check on real (tiny random-init) models: its statistics against a direct recomputation,
 the decision rules, the staleness carry-over, determinism and the CLI's exit codes."""
 
+from mismatch.admission import CalibrationSettings, Pipeline  # noqa: F401
 import json
 import math
 
@@ -45,7 +46,7 @@ def _same_samples(lm, spec="noise:0.3", seed=3):
 
 def test_statistics_equal_a_direct_recomputation_on_the_same_samples():
     lm = mismatch.load("tiny-llama")
-    got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12, seed=3)
+    got = check(lm, "noise:0.3", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=12), thresholds={"mismatch_kl": 10.0}, seed=3)
     batch, logp_train, logp_rollout = _same_samples(lm)
     log_r = logp_train - logp_rollout
     assert got.calibration["tokens"] == len(log_r) == int(batch.response_mask.sum())
@@ -57,20 +58,17 @@ def test_statistics_equal_a_direct_recomputation_on_the_same_samples():
 
 def test_identical_rollouts_admit_and_a_large_mismatch_is_rejected():
     lm = mismatch.load("tiny-llama")
-    same = check(lm, "noise:0", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-9}, max_new_tokens=8,
-                 presets=("slime", "nemo-rl"))
+    same = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), thresholds={"mismatch_kl": 1e-9}, presets=("slime", "nemo-rl"))
     assert same.metrics["mismatch_kl"] == 0.0 and same.metrics["train/token_mult_prob_error"] == 1.0
     assert same.status == "admit" and same.admitted and not same.violations
-    broken = check(lm, "noise:2.0", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-3}, max_new_tokens=8)
+    broken = check(lm, "noise:2.0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), thresholds={"mismatch_kl": 1e-3})
     assert broken.status == "reject" and broken.violations[0].low > 1e-3
 
 
 def test_same_seed_same_answer_and_the_spec_scope_is_recorded():
     lm = mismatch.load("tiny-qwen3")
-    a = check(lm, "fp8-e4m3:channel", prompts=PROMPTS, layers="mlp", thresholds={"mismatch_kl": 1.0},
-              max_new_tokens=8, seed=5)
-    b = check(lm, "fp8-e4m3:channel", prompts=PROMPTS, layers="mlp", thresholds={"mismatch_kl": 1.0},
-              max_new_tokens=8, seed=5)
+    a = check(lm, "fp8-e4m3:channel", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), layers="mlp", thresholds={"mismatch_kl": 1.0}, seed=5)
+    b = check(lm, "fp8-e4m3:channel", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), layers="mlp", thresholds={"mismatch_kl": 1.0}, seed=5)
     assert a.metrics == b.metrics and a.decisions == b.decisions
     assert (a.rollout, a.layers) == ("fp8-e4m3:channel", "mlp")
 
@@ -90,7 +88,7 @@ LAGGED = [{"pair": "sort-gpt2", "source": "stale", "settings": "lr 0.001", "leve
 @pytest.mark.parametrize("k, status", [(0, "admit"), (1, "admit"), (2, "reject"), (4, "uncertain")])
 def test_staleness_carries_over_the_study_verdict(k, status):
     lm = mismatch.load("tiny-llama")
-    got = check(lm, "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, LAGGED), max_new_tokens=4, staleness=k)
+    got = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=4), pipeline=Pipeline(staleness=k), thresholds=_thresholds(1.0, LAGGED))
     assert got.status == status
     carried_notes = [n for n in got.notes if "calibration sequence" not in n]  # 4 prompts: also a small-set note
     assert len(carried_notes) == (k > 0) and (k == 0 or f"stale:{k}" in carried_notes[0])
@@ -102,19 +100,19 @@ def test_staleness_carries_over_the_study_verdict(k, status):
 def test_bad_input_is_a_clear_error():
     lm = mismatch.load("tiny-llama")
     with pytest.raises(InputError, match="apart from the rollout spec"):
-        check(lm, "stale:1", prompts=PROMPTS)
+        check(lm, "stale:1", calibration=CalibrationSettings(prompts=PROMPTS))
     with pytest.raises(InputError, match="unknown"):
-        check(lm, "fp9", prompts=PROMPTS)
+        check(lm, "fp9", calibration=CalibrationSettings(prompts=PROMPTS))
     with pytest.raises(InputError, match="context"):
-        check(lm, "noise:0", prompts=["x" * 200])
+        check(lm, "noise:0", calibration=CalibrationSettings(prompts=["x" * 200]))
     with pytest.raises(InputError, match="unknown gate preset"):
-        check(lm, "noise:0", prompts=PROMPTS, presets=("trl",))
+        check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS), presets=("trl",))
     with pytest.raises(InputError, match="no gate"):
-        check(lm, "noise:0", prompts=PROMPTS, thresholds={})
+        check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS), thresholds={})
     with pytest.raises(InputError, match="no statistic 'kl' to gate"):
-        check(lm, "noise:0", prompts=PROMPTS, thresholds={"kl": 0.1})
+        check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS), thresholds={"kl": 0.1})
     with pytest.raises(InputError, match="max_new_tokens must be ≥ 1, got 0"):
-        check(lm, "noise:0", prompts=PROMPTS, max_new_tokens=0)
+        check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=0))
 
 
 def test_judge_checks_its_inputs_and_one_sequence_gives_no_interval():
@@ -138,8 +136,7 @@ def test_judge_checks_its_inputs_and_one_sequence_gives_no_interval():
 def test_reuse_carries_over_the_verdict_at_the_default_without_tis():
     rows = [{**LAGGED[0], "source": "reuse", "level": 2, "settings": settings, "verdict": verdict}
             for settings, verdict in (("lr 0.001, tis_cap 2", "tolerated"), ("lr 0.001, tis_cap off", "not tolerated"))]
-    got = check(mismatch.load("tiny-llama"), "noise:0", prompts=PROMPTS, thresholds=_thresholds(1.0, rows),
-                max_new_tokens=4, reuse=2)
+    got = check(mismatch.load("tiny-llama"), "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=4), pipeline=Pipeline(reuse=2), thresholds=_thresholds(1.0, rows))
     assert got.status == "reject" and "tis_cap off" in got.notes[-1]
 
 
@@ -166,7 +163,7 @@ def test_judging_a_loops_own_log_probs_gives_the_checks_numbers():
     from mismatch.admission import judge
 
     lm = mismatch.load("tiny-llama")
-    got = check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 0.05}, max_new_tokens=12, seed=3)
+    got = check(lm, "noise:0.3", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=12), thresholds={"mismatch_kl": 0.05}, seed=3)
     batch, logp_train, logp_rollout = _same_samples(lm)
     seq = batch.response_mask[:, 1:].nonzero()[:, 0] * 7 + 100  # any labels
     metrics, decisions = judge(logp_train, logp_rollout, seq, [mismatch.admission.Gate("mismatch_kl", 0.05, "x")],
@@ -179,15 +176,14 @@ def test_judging_a_loops_own_log_probs_gives_the_checks_numbers():
 def test_a_recipe_that_keeps_every_module_has_no_quantized_scope():
     """A gate no quantized module can pass keeps everything: nothing is quantized, so the recipe's
     scope is None (not a scope string that selects nothing), and it keeps all the weights."""
-    got = check(mismatch.load("tiny-qwen3"), "int4:group32", prompts=PROMPTS, thresholds={"mismatch_kl": 1e-9},
-                max_new_tokens=6, recipe=True)
+    got = check(mismatch.load("tiny-qwen3"), "int4:group32", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=6), thresholds={"mismatch_kl": 1e-9}, recipe=True)
     assert got.recipe["layers"] is None and got.recipe["kept_fraction"] == 1.0
     assert got.recipe["bits_per_weight"] == 16.0
 
 
 def test_a_calibration_of_two_sequences_says_its_interval_means_little():
     lm = mismatch.load("tiny-llama")
-    small = check(lm, "noise:0", prompts=PROMPTS[:2], thresholds={"mismatch_kl": 1.0}, max_new_tokens=4)
+    small = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS[:2], max_new_tokens=4), thresholds={"mismatch_kl": 1.0})
     assert small.calibration["sequences"] == 2 and any("only 2 calibration sequences" in n for n in small.notes)
-    enough = check(lm, "noise:0", prompts=PROMPTS * 4, thresholds={"mismatch_kl": 1.0}, max_new_tokens=4, n_prompts=8)
+    enough = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS * 4, max_new_tokens=4, n_prompts=8), thresholds={"mismatch_kl": 1.0})
     assert enough.calibration["sequences"] >= 8 and not any("calibration sequence" in n for n in enough.notes)

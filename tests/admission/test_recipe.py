@@ -1,5 +1,6 @@
 """Mixed-precision recipes: a block made fragile on purpose is found, kept, and the verified check passes."""
 
+from mismatch.admission import CalibrationSettings, Pipeline  # noqa: F401
 import re
 
 import pytest
@@ -41,7 +42,7 @@ def test_module_groups_keep_fused_shards_together_and_scopes_are_exact():
 def test_a_fragile_block_is_kept_and_the_verified_recipe_passes():
     lm = _fragile_llama()
     rest = [n for n in select(lm.model, "linear") if n not in FRAGILE]
-    common = dict(prompts=PROMPTS, max_new_tokens=10, seed=0)
+    common = dict(calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=10), seed=0)
     full = check(lm, "int8:channel", thresholds={"mismatch_kl": 1e9}, **common)
     without = check(lm, "int8:channel", layers=exact_scope(rest), thresholds={"mismatch_kl": 1e9}, **common)
     limit = 3 * max(without.decisions[0].high, 1e-4)
@@ -61,7 +62,7 @@ def test_a_fragile_block_is_kept_and_the_verified_recipe_passes():
 
 def test_an_admitted_format_keeps_nothing_and_the_check_is_its_verification():
     lm = mismatch.load("tiny-llama")
-    got = check(lm, "int8:channel", prompts=PROMPTS, max_new_tokens=6, thresholds={"mismatch_kl": 10.0}, recipe=True)
+    got = check(lm, "int8:channel", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=6), thresholds={"mismatch_kl": 10.0}, recipe=True)
     recipe = got.recipe
     assert got.status == "admit" and recipe["kept"] == [] and recipe["verifications"] == 0
     assert (recipe["verified_status"], recipe["verified_value"]) == (got.status, got.decisions[0].value)

@@ -4,6 +4,7 @@ The "engine" is a real perturbed copy of a tiny Llama (noise on its weights) who
 log-probs are written in each engine's output shape; the trainer is the unperturbed model.
 """
 
+from mismatch.admission import CalibrationSettings, Pipeline  # noqa: F401
 import copy
 import json
 import math
@@ -221,8 +222,7 @@ def test_truncated_kl_stays_a_lower_bound_when_a_listed_mass_rounds_to_one():
 
 def test_the_check_on_a_dump_of_its_own_calibration_gives_its_numbers(tmp_path):
     lm = mismatch.load("tiny-llama")
-    direct = mismatch.check(lm, "noise:0.3", prompts=PROMPTS, thresholds={"mismatch_kl": 10.0}, max_new_tokens=12,
-                            seed=3, presets=("slime",))
+    direct = mismatch.check(lm, "noise:0.3", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=12), thresholds={"mismatch_kl": 10.0}, seed=3, presets=("slime",))
     with mismatch.perturbed(lm.model, "noise:0.3", seed=3) as cand:  # the check's calibration, sampled again
         ro = sample(LM(cand, lm.tokenizer, "engine"), PROMPTS, max_new_tokens=12, seed=3)
     records = [DumpRecord(tuple(ids[a & ~m].tolist()), tuple(ids[m].tolist()), tuple(lp[m].tolist()))
