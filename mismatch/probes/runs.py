@@ -174,7 +174,8 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
     return {"ref_dtype": config.ref_dtype, "cand_dtype": config.cand_dtype if not config.perturb else config.ref_dtype,
             "clip": config.clip, "seed": config.seed, "chat": config.chat, "max_new_tokens": config.max_new_tokens,
             "min_new_tokens": config.min_new_tokens, "temperature": config.temperature,
-            "prompts": config.prompts if config.prompts is not None else "inline", "n_prompts": len(texts),
+            # the file's name, not where the checkout lies (its content is prompts_sha256): ids that move with it
+            "prompts": Path(config.prompts).name if config.prompts is not None else "inline", "n_prompts": len(texts),
             "prompts_sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16],
             **model_digests(config),
             "per_layer": config.per_layer, "chunk_tokens": config.chunk_tokens}

@@ -49,3 +49,23 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     FIXTURE.write_text(json.dumps({"id_schema": ID_SCHEMA, "mismatch_version": __version__, "ids": study_ids()},
                                   indent=1) + "\n")
     print(f"wrote {FIXTURE}")
+
+
+def test_ids_do_not_depend_on_where_the_checkout_lies(tmp_path):
+    """The same study file and prompts copied elsewhere give the same task ids and probe run ids (the prompt
+    file enters by name and content, not by its absolute path)."""
+    import shutil
+
+    from mismatch.probes.runs import _run_columns
+    from mismatch.results import run_id as rid
+
+    copy = tmp_path / "elsewhere" / "sweeps"
+    shutil.copytree(ROOT / "sweeps", copy)
+    (copy.parent / "mismatch" / "data").mkdir(parents=True)  # quick.toml's prompts: ../mismatch/data/prompts.txt
+    shutil.copy(ROOT / "mismatch" / "data" / "prompts.txt", copy.parent / "mismatch" / "data")
+    here, there = load_study(ROOT / "sweeps" / "quick.toml"), load_study(copy / "quick.toml")
+    assert [task_id(t) for t in here.plan.probes] == [task_id(t) for t in there.plan.probes]
+    for a, b in zip(here.plan.probes, there.plan.probes):
+        assert a.prompts != b.prompts  # the premise: the paths differ
+        texts = ["x"]
+        assert rid("probe", _run_columns(a, texts)) == rid("probe", _run_columns(b, texts))
