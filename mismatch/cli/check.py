@@ -1,4 +1,4 @@
-"""`mismatch check` and `mismatch thresholds`: options → one library call → print (registered in `cli.py`)."""
+"""`mismatch check` and `mismatch thresholds`: options → one library call → print (registered in `app.py`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`mismatch score-rollouts`: options → one library call → print (registered in `cli.py`)."""
+"""`mismatch score-rollouts`: options → one library call → print (registered in `app.py`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,53 @@
+"""`mismatch opd`: options → one library call → print (registered in `app.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
+from mismatch.cli.common import AccTol, KlTol, Out, Overwrite, err, out
+
+
+
+def opd(
+    pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
+    rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,
+    staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (also with --rollout).")] = 0,
+    layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
+    loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "full-rkl",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
+    batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+    tis_cap: Annotated[float | None, typer.Option(help="TIS cap C: token weights min(π_S/π_R, C).")] = None,
+    temperature: Annotated[float, typer.Option(help="Rollout sampling temperature.")] = 1.0,
+    top_p: Annotated[float | None, typer.Option(help="Rollout nucleus sampling; off by default.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps.")] = 10,
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts per evaluation.")] = 128,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and noise.")] = 0,
+    baseline: Annotated[bool, typer.Option(help="Also run the clean configuration and print verdicts.")] = False,
+    kl_tol: KlTol = Tolerance.kl_tol,
+    acc_tol: AccTol = Tolerance.acc_tol,
+    out_path: Out = None,
+    overwrite: Overwrite = False,
+    save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
+) -> None:
+    """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
+    from mismatch.cli import tables as console
+    from mismatch import opd as opd_lib
+    from mismatch.opd.tolerance import run_verdicts
+
+    base = opd_lib.make_config(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
+                               batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
+                               eval_every=eval_every, eval_prompts=eval_prompts, seed=seed)
+    configs = opd_lib.plan(base, rollout or (), baseline=baseline)
+    with console.Bars(err) as bars:
+        progress = lambda _i, lab, k, n, m: bars.update(f"opd {lab}", k, n, f"loss {m['loss']:.3g}")  # noqa: E731
+        rows = opd_lib.run_all(configs, out=out_path, overwrite=overwrite, save_to=save, progress=progress)
+    title = f"OPD on {base.pair}, {base.loss}, {base.steps} steps, seed {seed}"
+    tolerance = Tolerance(acc_tol=acc_tol, kl_tol=kl_tol)
+    out.print(console.verdict_table(run_verdicts(rows, tolerance=tolerance), title=title, tolerance=tolerance,
+                                    baseline=baseline))
+    console.wrote(err, out_path, save)

@@ -1,0 +1,35 @@
+"""`mismatch sweep`: options → one library call → print (registered in `app.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch.cli.common import err, out
+
+
+
+def sweep(
+    study: Annotated[Path, typer.Argument(help="Study file (TOML): a static probe grid and a dynamic OPD grid.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Results dataset directory (shared storage on a cluster).")],
+    resume: Annotated[bool, typer.Option(help="Skip tasks already done (failed ones too, unless retried).")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="With --resume, run failed tasks again.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Print the planned tasks and stop.")] = False,
+    workers: Annotated[int | None, typer.Option(help="Run N tasks at a time as Ray tasks on a local Ray.")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (auto or HOST:PORT).")] = None,
+) -> None:
+    """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
+    from mismatch.cli import tables as console
+    from mismatch import sweep as sweep_lib
+    from mismatch.sweep.estimate import estimates
+
+    plan = sweep_lib.load_study(study)
+    if dry_run:
+        return out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
+    with console.Bars(err) as bars:
+        progress = lambda done, n, lab, _status: bars.update(f"sweep {plan.name}", done, n, lab)  # noqa: E731
+        done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, workers=workers,
+                                   ray_address=ray_address, progress=progress)
+    out.print(console.sweep_summary(done, out_dir))
