@@ -37,11 +37,12 @@ from mismatch.admission.judge import Decision, combine_status, judge, resolve_ga
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
+from mismatch.engines.source import open_source
 from mismatch.errors import InputError
-from mismatch.model.generate import Batch, generate
+from mismatch.model.generate import Batch
 from mismatch.model.loader import LM
 from mismatch.pairs.registry import load_member
-from mismatch.perturb import parse_spec, perturbed, select
+from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
 from mismatch.rollout_spec import RolloutSpec
 
@@ -276,12 +277,11 @@ def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate],
     Returns:
         `(metrics, decisions, batch)`: every statistic, one `Decision` per gate, the sampled batch.
     """
-    with perturbed(lm.model, spec, layers=layers, seed=seed) as cand:
-        batch = generate(LM(cand, lm.tokenizer, lm.name), texts, max_new_tokens=max_new_tokens, chat=chat,
-                         context=context, temperature=1.0, seed=seed)
+    with open_source(lm, spec, layers, seed=seed) as source:  # sampled the way the rollout copy would
+        batch = source.generate(texts, max_new_tokens=max_new_tokens, chat=chat, context=context, seed=seed)
     ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
-    with perturbed(lm.model, spec, layers=layers, seed=seed) as cand:
-        result = probe(ref, LM(cand, lm.tokenizer, lm.name), per_layer=False, clip=clip)
+    with open_source(lm, spec, layers, seed=seed) as source:
+        result = probe(ref, source.candidate, per_layer=False, clip=clip)
     tok = result.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)

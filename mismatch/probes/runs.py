@@ -23,8 +23,8 @@ from mismatch.errors import InputError
 from mismatch.model.layout import model_layout
 from mismatch.model.loader import LM, parse_dtype, weights_digest
 from mismatch.pairs.registry import load_member, member_spec
-from mismatch.engines.llamacpp import open_engine
-from mismatch.perturb import perturbed, select
+from mismatch.engines.source import open_source
+from mismatch.perturb import select
 from mismatch.rollout_spec import EngineConfig, parse_candidate, require_engines
 from mismatch.perturb.scope import first_block
 from mismatch.probes.core import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
@@ -126,33 +126,20 @@ def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[st
     ref = reference(ref_lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=per_layer,
                     chunk_tokens=chunk_tokens, cache_logprobs=cache, keep_block_outputs=keep_blocks)
     results = []
+    longest = int(batch.attention_mask.sum(1).max())
     for spec in specs:
-        engine = parse_candidate(spec)
-        engine = engine if isinstance(engine, EngineConfig) else None
-        for scope in ["all"] if engine else scopes:  # an engine runs the whole model: no scope, no layers
+        whole = isinstance(parse_candidate(spec), EngineConfig)  # an engine runs the whole model: no scope, no layers
+        for scope in ["all"] if whole else scopes:
             if status is not None:
                 status(f"probing {batch.response_tokens} tokens under {spec} [{scope}]…")
-            if engine is not None:
-                result = _probe_engine(ref, ref_lm, engine, batch, clip=clip, chunk_tokens=chunk_tokens)
-            else:
-                with perturbed(ref_lm.model, spec, layers=scope, seed=seed, calibration_ids=batch.input_ids) as cand:
-                    result = probe(ref, LM(cand, ref_lm.tokenizer, ref_lm.name), per_layer=per_layer, clip=clip,
-                                   chunk_tokens=chunk_tokens)
+            with open_source(ref_lm, spec, scope, seed=seed, calibration_ids=batch.input_ids,
+                             n_ctx=max(longest, 64)) as source:
+                result = probe(ref, source.candidate, per_layer=per_layer and not source.whole_model, clip=clip,
+                               chunk_tokens=chunk_tokens)
             results.append(CandidateResult(spec, scope, result))
             if on_result is not None:
                 on_result(results[-1])
     return results
-
-
-def _probe_engine(ref, ref_lm: LM, engine: EngineConfig, batch: Batch, *, clip: float, chunk_tokens: int
-                  ) -> ProbeResult:
-    """`ref_lm` exported to `engine`, opened with the batch's context, probed, closed."""
-    longest = int(batch.attention_mask.sum(1).max())
-    runner = open_engine(ref_lm, engine.weights, engine.kv, n_ctx=max(longest, 64))
-    try:
-        return probe(ref, runner, per_layer=False, clip=clip, chunk_tokens=chunk_tokens)
-    finally:
-        runner.close()
 
 
 def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:
