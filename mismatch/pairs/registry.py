@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import torch
 from huggingface_hub import try_to_load_from_cache
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
 from mismatch.hashing import content_hash
-from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_gguf_path, weights_digest
+from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
@@ -426,11 +428,6 @@ def student_architecture(pair: str):
     Raises:
         MismatchError: the pair is unknown here, or its student has no local `config.json`.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from mismatch.model.loader import smollm2_checkpoint
-
     spec = member_spec(f"{pair}:student")
     directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
     if not (directory / "config.json").is_file():
