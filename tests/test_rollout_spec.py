@@ -96,3 +96,12 @@ def test_bad_rollout_forms(spec, message):
     with pytest.raises(InputError, match=message) as info:
         RolloutSpec.parse(spec)
     assert "\n" not in str(info.value)
+
+
+def test_the_docs_rollout_table_is_the_rendered_forms():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
+    assert text.count("<!-- rollout-table -->") == 1 and text.count("<!-- /rollout-table -->") == 1  # the premise
+    table = text.split("<!-- rollout-table -->", 1)[1].split("<!-- /rollout-table -->", 1)[0]
+    assert table.strip("\n") == render_rollout_table()
