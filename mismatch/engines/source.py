@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mismatch.errors import InputError
 from mismatch.engines.llamacpp import LlamaCpp, engine_rollout, open_engine
 from mismatch.model.generate import Batch, Samples, generate, sample
 from mismatch.model.loader import LM
@@ -47,13 +48,17 @@ class RolloutSource:
         return generate(self.candidate, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
                         temperature=1.0, seed=seed)
 
-    def sample(self, prompts: list[str], *, max_new_tokens: int, seed: int, chat: bool = False,
-               context: tuple[tuple[str, str], ...] = ()) -> Samples:
-        """`generate` with the sampler's own log-prob of each response token (`Samples`, nats)."""
+    def sample(self, prompts: list[str], *, max_new_tokens: int, seed: int, temperature: float = 1.0,
+               top_p: float | None = None, chat: bool = False, context: tuple[tuple[str, str], ...] = ()) -> Samples:
+        """One response per prompt with the sampler's own log-prob of each response token (`Samples`, nats),
+        from the distribution warped by `temperature` / `top_p` (an engine samples at temperature 1 only)."""
         if self.engine is not None:
+            if temperature != 1.0 or top_p is not None:
+                raise InputError(f"{self.engine.name} samples at temperature 1 without top_p")
             return engine_rollout(self.engine, self.tokenizer, prompts, max_new_tokens=max_new_tokens, seed=seed,
                                   chat=chat, context=context)
-        return sample(self.candidate, prompts, max_new_tokens=max_new_tokens, seed=seed, chat=chat, context=context)
+        return sample(self.candidate, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      seed=seed, chat=chat, context=context)
 
 
 @contextmanager

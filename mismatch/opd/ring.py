@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mismatch.engines.llamacpp import engine_rollout, open_engine
+from mismatch.engines.llamacpp import open_engine
+from mismatch.engines.source import RolloutSource
 from mismatch.errors import InputError
-from mismatch.model.generate import Samples, sample
+from mismatch.model.generate import Samples
 from mismatch.model.loader import LM
 from mismatch.perturb import perturb_, restore_
 from mismatch.rollout_spec import RolloutSpec
@@ -111,11 +112,8 @@ class RolloutCopy:
     def sample(self, prompts: list[str], *, max_new_tokens: int, seed: int, temperature: float = 1.0,
                top_p: float | None = None, chat: bool = False, context: tuple[tuple[str, str], ...] = (),
                name: str = "rollout") -> Samples:
-        """One response per prompt from whatever serves the rollouts (the copy in PyTorch, or the engine it
-        was exported to), with that sampler's own log-prob of each response token (`Samples`); the caller
-        never branches on which."""
-        if self.engine is not None:
-            return engine_rollout(self.engine, self.tokenizer, prompts, seed=seed, max_new_tokens=max_new_tokens,
-                                  chat=chat, context=context)
-        return sample(LM(self.model, self.tokenizer, name), prompts, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, seed=seed, chat=chat, context=context)
+        """One response per prompt from whatever serves the rollouts now (the served weights in PyTorch, or
+        the engine they were exported to), with that sampler's own log-probs: `RolloutSource.sample`."""
+        source = RolloutSource(LM(self.model, self.tokenizer, name), self.tokenizer, engine=self.engine)
+        return source.sample(prompts, max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, top_p=top_p,
+                             chat=chat, context=context)
