@@ -30,7 +30,7 @@ from mismatch.model.loader import LM, cache_dir, context_length, smollm2_gguf_pa
 from mismatch.pairs.registry import member_spec
 from mismatch.rollout_spec import LLAMA_CPP_MISSING
 from mismatch.probes.core import ExternalLM
-from mismatch.model.generate import Batch, Samples, pad_id, prompt_batch
+from mismatch.model.generate import Samples, encode, with_responses
 
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML type ids of the KV cache
 
@@ -139,18 +139,13 @@ def engine_rollout(engine: LlamaCpp, tokenizer, prompts: list[str], *, max_new_t
     """One response per prompt sampled by llama.cpp, as `Samples` laid out like `mismatch.model.generate.sample`'s
     (prompts left-padded, responses right-padded, up to and including the first EOS) with llama.cpp's
     own log-prob of each response token. Prompt `i` is sampled with seed `seed + i` (mod 2³²)."""
-    prompt_ids, prompt_attn = prompt_batch(tokenizer, prompts, chat=chat, context=context)
-    encoded = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_attn)]  # unpadded, as encoded
+    encoded = encode(tokenizer, prompts, chat=chat, context=context)  # unpadded, as the model reads them
     samples = [engine.sample(ids, max_new_tokens, seed=(seed + i) % 2**32, eos_id=tokenizer.eos_token_id)
                for i, ids in enumerate(encoded)]
+    batch = with_responses(tokenizer, prompts, [tokens for tokens, _ in samples], chat=chat, context=context)
     width = max(len(tokens) for tokens, _ in samples)
-    response = torch.full((len(prompts), width), pad_id(tokenizer), dtype=torch.long)
-    resp_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    logp = torch.zeros((len(prompts), prompt_ids.shape[1] + width), dtype=torch.float32)
+    start = batch.input_ids.shape[1] - width  # where the responses begin
+    logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     for row, (tokens, lps) in enumerate(samples):
-        response[row, :len(tokens)] = torch.tensor(tokens)
-        resp_mask[row, :len(tokens)] = 1
-        logp[row, prompt_ids.shape[1]:prompt_ids.shape[1] + len(tokens)] = torch.tensor(lps, dtype=torch.float32)
-    batch = Batch(torch.cat([prompt_ids, response], 1), torch.cat([prompt_attn, resp_mask], 1),
-                  torch.cat([torch.zeros_like(prompt_attn), resp_mask], 1), tuple(prompts))
+        logp[row, start:start + len(tokens)] = torch.tensor(lps, dtype=torch.float32)
     return Samples(batch, logp)

@@ -87,6 +87,23 @@ def prompt_batch(tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, chat
     return _pad_left(encode(tokenizer, prompts, chat=chat, context=context), pad_id(tokenizer))
 
 
+def with_responses(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[list[int]], *,
+                   chat: bool, context: tuple[tuple[str, str], ...] = ()) -> Batch:
+    """The given response token ids after the encoded prompts, laid out like `generate`'s batches
+    (prompts left-padded, responses right-padded, `response_mask` on the responses): `[B, T]` each."""
+    if len(responses) != len(prompts) or not all(responses):
+        raise InputError(f"need one non-empty response per prompt, got {len(responses)} for {len(prompts)}")
+    prompt_ids, prompt_attn = prompt_batch(tokenizer, prompts, chat=chat, context=context)
+    width = max(len(r) for r in responses)
+    response = torch.full((len(prompts), width), pad_id(tokenizer), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(responses):
+        response[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[row, :len(ids)] = 1
+    return Batch(torch.cat([prompt_ids, response], 1), torch.cat([prompt_attn, mask], 1),
+                 torch.cat([torch.zeros_like(prompt_attn), mask], 1), tuple(prompts))
+
+
 def teacher_forced(lm: LM, texts: list[str], *, chat: bool = False) -> Batch:
     """A batch that scores every token of each text after its first (left-padded)."""
     seqs = encode(lm.tokenizer, texts, chat=chat)

@@ -39,7 +39,7 @@ from mismatch.opd.losses import full_rkl, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
-from mismatch.pairs.evaluate import batch_rewards, greedy_accuracy
+from mismatch.pairs.evaluate import batch_rewards, expected_accuracy, greedy_accuracy
 from mismatch.model.positions import response_index
 from mismatch.model.generate import Batch, Samples, encode, generate, reprompt, token_logprobs
 
@@ -236,7 +236,9 @@ def refresh(run: OPDRun) -> int:
 
 
 def evaluate(run: OPDRun) -> dict[str, float]:
-    """Step 5: held-out reverse KL and, with a task, sampled and (`eval_greedy`) greedy exact match."""
+    """Step 5: held-out reverse KL and, with a task, sampled and (`eval_greedy`) greedy exact match, and for
+    a task with one correct response the expected sampled exact match, computed exactly
+    (`heldout_expected_accuracy`, `mismatch.pairs.evaluate.expected_accuracy`)."""
     pair, cfg = run.pair, run.config
     rkl, sampled = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
                                student_context=pair.student_context, teacher_context=pair.teacher_context,
@@ -245,6 +247,10 @@ def evaluate(run: OPDRun) -> dict[str, float]:
     out = {"heldout_rkl": rkl}
     if pair.task is not None:
         out["heldout_accuracy"] = sampled
+    if pair.task is not None and hasattr(pair.task, "answer"):  # one correct response: its probability, exactly
+        out["heldout_expected_accuracy"] = expected_accuracy(run.student, pair.task, run.eval_set,
+                                                             max_new_tokens=run.max_new_tokens, chat=pair.chat,
+                                                             context=pair.student_context, chunk_tokens=cfg.chunk_tokens)
     if pair.task is not None and cfg.eval_greedy:
         out["heldout_greedy_accuracy"] = greedy_accuracy(run.student, pair.task, run.eval_set,
                                                          max_new_tokens=run.max_new_tokens, chat=pair.chat,

@@ -1,9 +1,13 @@
-"""Held-out accuracy of a model on a task: greedy or sampled responses scored by the task."""
+"""Held-out accuracy of a model on a task: greedy or sampled responses scored by the task, and, for a
+task with one correct response per prompt, the expected sampled accuracy computed exactly."""
 
 from __future__ import annotations
 
+import torch
+
+from mismatch.errors import InputError
 from mismatch.model.loader import LM
-from mismatch.model.generate import Batch, generate, responses
+from mismatch.model.generate import Batch, generate, responses, sequence_logprobs, with_responses
 
 
 def batch_rewards(batch: Batch, tokenizer, task, prompts: list[str]) -> list[float]:
@@ -50,3 +54,34 @@ def sampled_accuracy(lm: LM, task, prompts: list[str], *, seed: int, temperature
     """
     return _accuracy(lm, task, prompts, max_new_tokens=max_new_tokens, chat=chat, context=context,
                      batch_size=batch_size, temperature=temperature, seed=seed)
+
+
+def expected_accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | None = None, chat: bool = False,
+                      context: tuple[tuple[str, str], ...] = (), batch_size: int = 128,
+                      chunk_tokens: int = 1024) -> float:
+    """The expected exact match of one response sampled at temperature 1, computed without sampling:
+    the mean over `prompts` of `exp Σ_t log π(gold_t | prompt, gold_<t)`, the probability that the model
+    samples exactly the task's correct response (`task.answer`) and then EOS, in one teacher-forced pass.
+
+    A gold response longer than `max_new_tokens` (default: the task's) counts 0, as a sample that hits
+    the cap does. Sampled exact match decodes the text, so a sample that spells the answer with other
+    tokens (special tokens inside, skipped when decoding) counts there and not here: with a byte-level
+    vocabulary this is the only other way, so this is the sampled accuracy's expectation less that mass.
+
+    Returns:
+        A probability in [0, 1], the mean of per-prompt probabilities.
+    """
+    eos = lm.tokenizer.eos_token_id
+    if eos is None:
+        raise InputError("expected exact match needs a tokenizer with an EOS token")
+    limit = max_new_tokens or task.max_new_tokens
+    total = 0.0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start: start + batch_size]
+        golds = [lm.tokenizer(task.answer(p), add_special_tokens=False)["input_ids"] + [eos] for p in chunk]
+        batch = with_responses(lm.tokenizer, chunk, golds, chat=chat, context=context)
+        logp_BT = sequence_logprobs(lm.model, batch, chunk_tokens=chunk_tokens).double()  # 0 outside responses
+        probs_B = logp_BT.sum(1).exp()
+        fits = torch.tensor([len(g) <= limit for g in golds])
+        total += float((probs_B * fits).sum())
+    return total / len(prompts)
