@@ -75,16 +75,20 @@ def add_cost_factors(path: str | Path) -> int:
     if path.is_dir() and not targets:
         raise InputError(f"no OPD parts in {path}")
     done: set[str] = set()
+    factors: dict[tuple, dict[str, float]] = {}  # a run's flushes share its factors: computed once per rollout
     for target in targets:
         frame = read_results(target)
         opd = frame["kind"] == "opd"
-        if not opd.any() or (set(COST_FACTOR_COLUMNS) <= set(frame.columns) and frame.loc[opd, list(COST_FACTOR_COLUMNS)].notna().all().all()):
+        if not opd.any() or set(COST_FACTOR_COLUMNS) <= set(frame.columns):  # written with them (NaN: not costed)
             continue
         for rid, run in frame[opd].groupby("run_id", sort=False):
             first = run.iloc[0]
-            config = OPDConfig(pair=str(first["pair"]), rollout=str(first["rollout"]),
-                               staleness=int(first["staleness"]), layers=str(first["layers"]))
-            for name, value in run_cost_factors(config).items():
+            key = (str(first["pair"]), str(first["rollout"]), int(first["staleness"]), str(first["layers"]))
+            if key not in factors:
+                pair, rollout, staleness, layers = key
+                factors[key] = run_cost_factors(OPDConfig(pair=pair, rollout=rollout, staleness=staleness,
+                                                          layers=layers))
+            for name, value in factors[key].items():
                 frame.loc[frame["run_id"] == rid, name] = value
             done.add(str(rid))
         write_frame(frame, target)
