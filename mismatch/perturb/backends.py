@@ -23,7 +23,9 @@ and `quanto-int8|int4|fp8`.
 
 from __future__ import annotations
 
+import copy
 import logging
+import types
 
 import torch
 from torch import nn
@@ -110,7 +112,27 @@ def _bnb_module(lin: nn.Linear, config: BnbConfig, device: torch.device) -> nn.M
         q.support_avx512bf16_for_cpu = False
     if lin.bias is not None:
         q.bias = nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
-    return q.to(device).eval()  # .to() quantizes
+    q = q.to(device).eval()  # .to() quantizes
+    if config.method != "int8" and device.type == "cpu" and lin.in_features % q.weight.quant_state.blocksize:
+        q.forward = types.MethodType(_flat_dequant_forward, q)
+    return q
+
+
+def _flat_dequant_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """`Linear4bit.forward` on the CPU when `in_features` is not a multiple of the block size.
+
+    bitsandbytes (0.50.2) quantizes the flattened weight in blocks of 64 values, so a block spans
+    rows when a row is not a multiple of 64 long; its CPU `dequantize_4bit` then reads the wrong
+    scales for those blocks (measured: 40% relative weight error for a [144, 48] weight, against
+    9% for NF4 computed by hand, which is what it gives when the rows divide). Dequantizing the
+    flat tensor with the same `quant_state` is right: this forward does that with bitsandbytes' own
+    `dequantize_4bit`, then the same fp32 matmul its generic CPU path runs."""
+    import bitsandbytes as bnb
+
+    state = copy.copy(self.weight.quant_state)
+    state.shape = torch.Size([self.out_features * self.in_features])
+    weight = bnb.functional.dequantize_4bit(self.weight.data, state).view(self.out_features, self.in_features)
+    return torch.nn.functional.linear(x.to(weight.dtype), weight, self.bias).to(x.dtype)
 
 
 def _apply_bnb_(config: BnbConfig, model: nn.Module, names: list[str], snap: Snapshot,

@@ -222,3 +222,38 @@ def test_torch_native_rounding_agrees_with_quanto():
                 outs[spec] = model.model.layers[0].mlp.down_proj(x).float()
     assert _sqnr_db(outs["int8:channel"], outs["quanto-int8"]) > 70
     assert _sqnr_db(outs["fp8-e4m3:channel"], outs["quanto-fp8"]) > 70
+
+
+@pytest.mark.parametrize("method", ["nf4", "fp4"])
+@pytest.mark.parametrize("shape", [(144, 48), (64, 96), (96, 64), (259, 48)])  # rows of 48, 96: blocks span rows
+def test_bnb_4bit_layers_compute_with_the_4bit_weights_computed_by_hand(method, shape):
+    """A swapped-in bnb-nf4 / bnb-fp4 layer multiplies by the weight bitsandbytes' 4-bit format stores,
+    computed here by hand: blocks of 64 consecutive values of the flattened weight, each scaled by its
+    absmax and rounded to the nearest of the 16 code values (bitsandbytes' own table). bitsandbytes 0.50.2's
+    CPU dequantization misreads the scales of blocks that span rows (rows of 48 or 96 values): with it,
+    the error was 40%, here it is fp32 rounding. Bound: the double-quantized absmax (8-bit, nested) moves
+    each scale by < 1%, so each weight by < 1% of its block's absmax; outputs within 2% of ‖y‖."""
+    import bitsandbytes as bnb
+
+    from mismatch.perturb.backends import _bnb_module
+    from mismatch.perturb.configs import BnbConfig
+
+    torch.manual_seed(0)
+    out_f, in_f = shape
+    lin = torch.nn.Linear(in_f, out_f)
+    with torch.no_grad():  # rows of different scales, as trained weights have: a misread scale shows
+        lin.weight.copy_(torch.randn(out_f, in_f) * torch.randn(out_f, 1).exp())
+    q = _bnb_module(lin, BnbConfig(method=method), torch.device("cpu"))
+    code = bnb.functional.get_4bit_type(method, device="cpu")
+    values = lin.weight.detach().flatten()
+    flat = torch.nn.functional.pad(values, (0, -len(values) % 64)).reshape(-1, 64)  # a last, partial block
+    absmax = flat.abs().amax(1, keepdim=True)
+    index = ((flat / absmax).unsqueeze(-1) - code).abs().argmin(-1)
+    by_hand = (code[index] * absmax).flatten()[:len(values)].reshape(out_f, in_f)
+    x = torch.randn(3, 5, in_f)
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, by_hand, lin.bias)
+        got = q(x)
+        plain = lin(x)
+    assert float((got - want).norm() / want.norm()) < 0.02
+    assert float((got - plain).norm() / plain.norm()) > 0.03  # the premise: it is quantized
