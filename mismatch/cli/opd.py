@@ -11,7 +11,6 @@ from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its 
 from mismatch.cli.common import AccTol, KlTol, Out, Overwrite, err, out
 
 
-
 def opd(
     pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
     rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,

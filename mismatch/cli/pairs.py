@@ -10,7 +10,6 @@ import typer
 from mismatch.cli.common import err, out
 
 
-
 def pairs(ctx: typer.Context) -> None:
     """List every pair: kind, architecture, sizes, task, whether it loads here."""
     from mismatch.cli import tables as console

@@ -10,7 +10,6 @@ import typer
 from mismatch.cli.common import Out, Overwrite, err, out
 
 
-
 def models() -> None:
     """List the built-in model specs (any local HF directory or cached hub id works too)."""
     from rich.table import Table

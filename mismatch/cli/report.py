@@ -11,7 +11,6 @@ from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its 
 from mismatch.cli.common import AccTol, Force, KlTol, err
 
 
-
 def report(
     results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
     out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),

@@ -10,7 +10,6 @@ import typer
 from mismatch.cli.common import err, out
 
 
-
 def sweep(
     study: Annotated[Path, typer.Argument(help="Study file (TOML): a static probe grid and a dynamic OPD grid.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Results dataset directory (shared storage on a cluster).")],
