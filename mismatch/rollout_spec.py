@@ -7,13 +7,18 @@ A rollout string is one of
   * `engine:llama.cpp[,WEIGHTS][,kv-f32]`: the student exported to another inference engine, which
     samples (OPD) or scores (probes) in its place;
   * `stale:K`: the student's weights K optimizer steps old (an asynchronous pipeline);
-  * `reuse:R`: one rollout batch trained on for R consecutive optimizer steps.
+  * `reuse:R`: one rollout batch trained on for R consecutive optimizer steps;
+  * `resample:S`: the student itself, fresh every step, sampling from another random stream (S ≥ 1
+    names which) with the same prompts and initial weights — the A/A control: clean against clean,
+    whose spread is the noise floor any mismatch is judged against.
 A perturbation or engine combines with a lag through OPD's separate `staleness` field (label
 `SPEC + stale:K`). Only perturbations can be applied to a model in place (`perturb_`); staleness and
 reuse exist only inside an OPD trajectory, an engine only outside PyTorch.
 
 Clean has one definition, `RolloutSpec.is_clean`: what trains exactly as the student's own fresh
-rollouts — no perturbation, no engine, no lag, no reuse. `stale:0` and `reuse:1` are therefore clean
+rollouts — no perturbation, no engine, no lag, no reuse, its own sampling stream (`resample:S` is the
+same policy but other samples, so other numbers: a level, source `A/A`). `stale:0`, `reuse:1` and
+`resample:0` are therefore clean
 (the same numbers, bit for bit): they are labelled `clean`, planned as the clean run, and an
 `OPDConfig` stores them as `none` (one run, one id).
 """
@@ -90,6 +95,8 @@ ROLLOUT_FORMS = (  # (form, what generates the rollouts): the rollout-only forms
     ("none", "the student itself, fresh every step (the clean run)"),
     ("stale:K", "the student's weights K optimizer steps old (an asynchronous pipeline; OPD only)"),
     ("reuse:R", "one rollout batch trained on for R consecutive optimizer steps (R = 1: the clean numbers; OPD only)"),
+    ("resample:S", "the student itself with another sampling stream S ≥ 1, same prompts and initial weights: the "
+                   "A/A control whose spread is the noise floor (S = 0: the clean run; OPD only)"),
     ("engine:llama.cpp[,f32|f16|q8_0|q5_0|q5_1|q4_0|q4_1|gguf][,kv-f32]",
      "the model exported to GGUF (or its own GGUF file: `gguf`) and run by llama.cpp's CPU kernels, KV cache f16 "
      "unless kv-f32 (needs `make engines`)"),
@@ -106,6 +113,7 @@ class RolloutSpec:
         engine: the engine that runs the copy instead of PyTorch, or None.
         staleness: K ≥ 0, optimizer steps the served weights lag behind.
         reuse: R ≥ 1, optimizer steps trained on each rollout batch.
+        resample: S ≥ 0, the sampling stream (0: the run's own; S ≥ 1: the A/A control).
     """
 
     text: str = "none"
@@ -113,6 +121,7 @@ class RolloutSpec:
     engine: EngineConfig | None = None
     staleness: int = 0
     reuse: int = 1
+    resample: int = 0
 
     @classmethod
     def parse(cls, rollout: str | None, staleness: int = 0) -> RolloutSpec:
@@ -140,6 +149,11 @@ class RolloutSpec:
             if r < 1:
                 raise InputError(f"reuse needs ≥ 1 optimizer step per rollout batch, got {r}")
             return cls(text, staleness=staleness, reuse=r)
+        if parts.kind == "resample":
+            stream = _steps(parts)
+            if stream < 0:
+                raise InputError(f"resample needs a sampling stream ≥ 0, got {stream}")
+            return cls(text, staleness=staleness, resample=stream)
         if parts.kind == "engine":
             return cls(text, engine=EngineConfig.from_spec(parts), staleness=staleness)
         return cls(text, perturbation=parse_spec(text), staleness=staleness)
@@ -147,8 +161,9 @@ class RolloutSpec:
     @property
     def is_clean(self) -> bool:
         """Trains exactly as the student's own fresh rollouts: no perturbation, no engine, K = 0, R = 1
-        (the one definition: `none`, `stale:0`, `reuse:1`)."""
-        return self.perturbation is None and self.engine is None and self.staleness == 0 and self.reuse == 1
+        on the run's own sampling stream (the one definition: `none`, `stale:0`, `reuse:1`, `resample:0`)."""
+        return (self.perturbation is None and self.engine is None and self.staleness == 0 and self.reuse == 1
+                and self.resample == 0)
 
     @property
     def perturbation_spec(self) -> str | None:
@@ -173,21 +188,23 @@ class RolloutSpec:
 
     @property
     def source(self) -> str:
-        """The mismatch source: `clean`, `stale`, `reuse`, `noise`, `engine` or `format`."""
+        """The mismatch source: `clean`, `A/A` (`resample:S`), `stale`, `reuse`, `noise`, `engine` or `format`."""
         if self.perturbation is not None:
             return "noise" if isinstance(self.perturbation, NoiseConfig) else "format"
         if self.engine is not None:
             return "engine"
         if self.is_clean:
             return "clean"
+        if self.resample and not self.staleness and self.reuse == 1:
+            return "A/A"
         return "reuse" if self.reuse != 1 else "stale"
 
     @property
     def level(self) -> object:
         """The level within its source: σ (noise), K (stale), R (reuse), the spec (format, engine: with
-        `+ stale:K` when lagged too), 0 (clean)."""
+        `+ stale:K` when lagged too), 0 (clean and A/A: one level, whichever stream)."""
         source = self.source
-        if source == "clean":
+        if source in ("clean", "A/A"):
             return 0
         if source == "stale":
             return self.staleness
@@ -205,7 +222,7 @@ class RolloutSpec:
 
 
 def parse_candidate(spec: str) -> PerturbConfig | EngineConfig:
-    """A probe candidate: a perturbation spec or an engine (`stale:K` / `reuse:R` exist only in OPD).
+    """A probe candidate: a perturbation spec or an engine (`stale:K`, `reuse:R`, `resample:S` exist only in OPD).
 
     Raises:
         InputError: anything else, or a bad spec.

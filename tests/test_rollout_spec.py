@@ -17,6 +17,8 @@ from mismatch.rollout_spec import EngineConfig, RolloutSpec, parse_candidate, re
     ("stale:0", 0, (None, None, 0, 1, "clean", "clean", 0, True)),  # trains exactly as clean: clean
     ("reuse:1", 0, (None, None, 0, 1, "clean", "clean", 0, True)),
     ("reuse:4", 2, (None, None, 2, 4, "reuse:4 + stale:2", "reuse", "4 + stale:2", False)),
+    ("resample:1", 0, (None, None, 0, 1, "resample:1", "A/A", 0, False)),  # other samples: not clean
+    ("resample:0", 0, (None, None, 0, 1, "clean", "clean", 0, True)),  # the run's own stream
     ("fp8-e4m3", 0, ("fp8-e4m3:channel", None, 0, 1, "fp8-e4m3", "format", "fp8-e4m3:channel", False)),
     ("int4:group128", 2, ("int4:group128", None, 2, 1, "int4:group128 + stale:2", "format", "int4:group128 + stale:2",
                           False)),
@@ -38,6 +40,7 @@ def test_parse_gives_one_value_with_its_label_source_and_level(rollout, stalenes
 
 @pytest.mark.parametrize("rollout, staleness, match", [
     ("stale:4", 2, "disagree"), ("stale:x", 0, "integer"), ("reuse:0", 0, "≥ 1"), ("none", -1, "≥ 0"),
+    ("resample:-1", 0, "≥ 0"), ("resample:a", 0, "integer"),
     ("fp9", 0, "unknown perturbation kind"), ("engine:vllm", 0, "unknown engine"),
 ])
 def test_bad_rollouts_are_one_line_input_errors(rollout, staleness, match):
@@ -47,13 +50,14 @@ def test_bad_rollouts_are_one_line_input_errors(rollout, staleness, match):
 
 def test_only_perturbations_are_perturbation_kinds():
     """parse_spec returns only what perturb_ can apply: the rollout-only forms are not kinds."""
-    for text in ("stale:1", "reuse:2", "engine:llama.cpp"):
+    for text in ("stale:1", "reuse:2", "resample:1", "engine:llama.cpp"):
         with pytest.raises(InputError, match="is not a perturbation kind"):
             parse_spec(text)
     assert isinstance(parse_candidate("engine:llama.cpp"), EngineConfig)
     assert str(parse_candidate("fp8-e4m3")) == "fp8-e4m3:channel"
-    with pytest.raises(InputError, match="only inside an OPD trajectory"):
-        parse_candidate("stale:1")
+    for text in ("stale:1", "resample:1"):
+        with pytest.raises(InputError, match="only inside an OPD trajectory"):
+            parse_candidate(text)
 
 
 def test_weight_bits_of_formats_and_engines():
@@ -73,7 +77,7 @@ def test_require_engines_names_the_missing_engine(monkeypatch):
 
 def test_rollout_table_lists_every_rollout_only_form():
     table = render_rollout_table().splitlines()
-    assert len(table) == 2 + 4 and all(row.count(" | ") == 1 for row in table[2:])  # escaped | inside forms
+    assert len(table) == 2 + 5 and all(row.count(" | ") == 1 for row in table[2:])  # escaped | inside forms
 
 
 @pytest.mark.parametrize("spec, columns", [

@@ -94,7 +94,8 @@ def _short(value: object) -> str:
 def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
     over seeds; runs sharing a seed are averaged into one value first): seeds (distinct), mean
-    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, and the verdict."""
+    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, the verdict, and the accuracy
+    metric compared (`accuracy_metric`: the expected exact match where exact, else the sampled one)."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     out = []
     for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
@@ -105,7 +106,8 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
         judged_as = tolerance.judge(kl, kl_hw, acc, acc_hw).word(TOLERANCE_WORDS)  # the one interval rule
         out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
                     "mismatch_kl": float(group["mismatch_kl"].mean()), "acc_delta": acc, "acc_delta_hw": acc_hw,
-                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as})
+                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as,
+                    "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna())))})
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame

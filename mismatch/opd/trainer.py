@@ -13,7 +13,8 @@
      past weights advanced);
   5. `evaluate` — every `eval_every` steps (and at steps 0 and last): the teacher–student reverse
      KL on the student's own temperature-1 samples of fixed held-out prompts and, when the pair has
-     a task, the exact match of those samples (`heldout_accuracy`) and of greedy responses.
+     a task, the exact match of those samples (`heldout_accuracy`, with its standard error), of greedy
+     responses, and for a task with one correct response its expectation computed exactly.
 Models stay in eval mode (dropout off) so the only difference between rollout and training
 policies is the configured mismatch. The learning rate warms up linearly, then decays (cosine by
 default, `lr_factor`).
@@ -21,6 +22,7 @@ default, `lr_factor`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -115,15 +117,13 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
 
 @torch.no_grad()
 def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, student_context, teacher_context,
-                max_new_tokens: int, seed: int, chunk_tokens: int, task=None) -> tuple[float, float]:
+                max_new_tokens: int, seed: int, chunk_tokens: int, task=None) -> tuple[float, list[float]]:
     """Mean per-token reverse KL(π_S ‖ π_T) (nats) on the student's own samples (temperature 1,
-    fixed `seed`) to `prompts`, and the task's mean reward of those samples (NaN without a task;
-    a sample not ended by EOS scores 0)."""
+    fixed `seed`) to `prompts`, and the task's reward of each sample, in prompt order (empty without
+    a task; a sample not ended by EOS scores 0)."""
     batch = generate(student, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, chat=chat,
                      context=student_context)  # `sample`'s tokens, without its log-prob pass (unused here)
-    reward = math.nan
-    if task is not None:
-        reward = sum(batch_rewards(batch, student.tokenizer, task, prompts)) / len(prompts)
+    rewards = batch_rewards(batch, student.tokenizer, task, prompts) if task is not None else []
     t_batch = batch if teacher_context == student_context else reprompt(
         batch, teacher.tokenizer, prompts, chat=chat, context=teacher_context)
     student_hidden_ND, teacher_hidden_ND = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
@@ -131,7 +131,7 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     total = 0.0
     for _, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
         total += float(full_rkl(student_logp_PV, next(teacher_chunks)[1]).double().sum())
-    return total / student_hidden_ND.shape[0], reward
+    return total / student_hidden_ND.shape[0], rewards
 
 
 # ---------------------------------------------------------------- the run and its steps
@@ -195,11 +195,20 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
                   config.max_new_tokens or pair.max_new_tokens)
 
 
+def rollout_seed(seed: int, step: int, resample: int = 0) -> int:
+    """The sampling seed of optimizer step `step` of a run with seed `seed`: `seed·1000003 + step`, or for
+    the A/A control's stream S ≥ 1 (`resample:S`) 32 bits of SHA-256 of (seed, step, S) — torch's CPU
+    generator keeps 32 bits of a seed, so an offset stream would wrap onto the clean ones."""
+    if resample == 0:
+        return seed * 1_000_003 + step
+    return int.from_bytes(hashlib.sha256(f"resample/{resample}/{seed}/{step}".encode()).digest()[:4], "little")
+
+
 def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Samples, Batch]:
     """Step 1: the rollout copy's samples of `prompts` (seeded by the run's seed and `step`) with its
     own log-probs, and the same response tokens after the teacher's prompt encoding."""
     pair, cfg = run.pair, run.config
-    seed = cfg.seed * 1_000_003 + step
+    seed = rollout_seed(cfg.seed, step, cfg.rollout_spec.resample)
     rollout = run.rollout_copy.sample(prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
                                       top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context,
                                       name=f"rollout[{cfg.rollout}]")
@@ -235,18 +244,29 @@ def refresh(run: OPDRun) -> int:
     return served
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean of per-prompt rewards and its standard error, sd (ddof 1) / √n — for 0/1 rewards the
+    binomial √(p(1−p)/(n−1)): the evaluation's sampling noise at a fixed prompt set (NaN for n < 2)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 def evaluate(run: OPDRun) -> dict[str, float]:
-    """Step 5: held-out reverse KL and, with a task, sampled and (`eval_greedy`) greedy exact match, and for
+    """Step 5: held-out reverse KL and, with a task, sampled exact match with its standard error
+    (`heldout_accuracy`, `heldout_accuracy_se`: `mean_se`) and (`eval_greedy`) greedy exact match, and for
     a task with one correct response the expected sampled exact match, computed exactly
     (`heldout_expected_accuracy`, `mismatch.pairs.evaluate.expected_accuracy`)."""
     pair, cfg = run.pair, run.config
-    rkl, sampled = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
+    rkl, rewards = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
                                student_context=pair.student_context, teacher_context=pair.teacher_context,
                                max_new_tokens=run.max_new_tokens, seed=cfg.seed + EVAL_SEED_OFFSET,
                                chunk_tokens=cfg.chunk_tokens, task=pair.task)
     out = {"heldout_rkl": rkl}
     if pair.task is not None:
-        out["heldout_accuracy"] = sampled
+        out["heldout_accuracy"], out["heldout_accuracy_se"] = mean_se(rewards)
     if pair.task is not None and hasattr(pair.task, "answer"):  # one correct response: its probability, exactly
         out["heldout_expected_accuracy"] = expected_accuracy(run.student, pair.task, run.eval_set,
                                                              max_new_tokens=run.max_new_tokens, chat=pair.chat,
@@ -315,8 +335,10 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         mismatch_logp_abs_diff_mean/max, mismatch_is_ratio_outside_frac, mismatch_chi2_token, and the
         same tokens under verl's, slime's and NeMo RL's names: `mismatch.metrics.rollout_stats`); at
         evaluation steps heldout_rkl and, with a task, heldout_accuracy (exact match of the
-        student's temperature-1 samples: the accuracy verdicts compare) and, with `eval_greedy`,
-        heldout_greedy_accuracy.
+        student's temperature-1 samples) with its standard error heldout_accuracy_se, for a task with
+        one correct response heldout_expected_accuracy (the same exact match's expectation, computed
+        without sampling: the accuracy verdicts compare there, `mismatch.opd.verdict.accuracy_metric`)
+        and, with `eval_greedy`, heldout_greedy_accuracy.
 
     Raises:
         NumericsError: the loss became NaN/Inf (the rows up to that step are emitted first).

@@ -16,6 +16,9 @@ from mismatch.opd.config import comparison_key, rollout_label
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 METRIC_COLUMNS = ("step", "metric", "value")
+# The study's accuracy, best first: the expected exact match computed exactly (tasks with one correct
+# response: no sampling noise) where both runs recorded it, else the exact match of temperature-1 samples.
+ACCURACY_METRICS = ("heldout_expected_accuracy", "heldout_accuracy")
 DIVERGED_FACTOR = 1.5  # a run whose final held-out KL exceeds 1.5 × its step-0 value has diverged
 
 
@@ -31,6 +34,13 @@ def final_value(rows: list[dict], metric: str, *, at_most: float = math.inf) -> 
     """The metric's value at the last step (≤ `at_most`) that recorded it (NaN if none did)."""
     values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric and r["step"] <= at_most]
     return max(values)[1] if values else math.nan
+
+
+def accuracy_metric(*runs: list[dict]) -> str:
+    """The study's accuracy metric for comparing `runs` (metric rows each): the first of
+    `ACCURACY_METRICS` that every run recorded (`heldout_accuracy` when none recorded either)."""
+    recorded = [{r["metric"] for r in run} for run in runs]
+    return next((m for m in ACCURACY_METRICS if all(m in names for names in recorded)), ACCURACY_METRICS[-1])
 
 
 def last_step(rows: list[dict], metric: str = "heldout_rkl") -> float:
@@ -49,19 +59,22 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
     last evaluation step both recorded (the final one once both runs have ended).
 
     Tolerated when the final held-out reverse KL is at most `(1 + kl_tol)` × clean and (pairs
-    with a task) the final held-out accuracy (`heldout_accuracy`: exact match of the student's
-    temperature-1 samples) at least clean − `acc_tol` (absolute, 0.02 = 2 points).
+    with a task) the final held-out accuracy at least clean − `acc_tol` (absolute, 0.02 = 2 points).
+    The accuracy is the study's (`accuracy_metric`): the expected exact match, computed exactly,
+    where both runs recorded it, else the exact match of the student's temperature-1 samples.
 
     Returns:
         clean / run held-out KL (nats) and accuracy, `kl_ratio` = run / clean, `acc_delta` =
-        run − clean, and `tolerated`.
+        run − clean, `accuracy_metric` (the metric compared), and `tolerated`.
     """
     common = min(last_step(clean_rows), last_step(run_rows))  # runs still going: compare at the same step
-    out: dict[str, float | bool] = {
+    metric = accuracy_metric(clean_rows, run_rows)
+    out: dict[str, float | bool | str] = {
         "clean_heldout_rkl": final_value(clean_rows, "heldout_rkl", at_most=common),
         "run_heldout_rkl": final_value(run_rows, "heldout_rkl", at_most=common),
-        "clean_heldout_accuracy": final_value(clean_rows, "heldout_accuracy", at_most=common),
-        "run_heldout_accuracy": final_value(run_rows, "heldout_accuracy", at_most=common),
+        "clean_heldout_accuracy": final_value(clean_rows, metric, at_most=common),
+        "run_heldout_accuracy": final_value(run_rows, metric, at_most=common),
+        "accuracy_metric": metric,
     }
     clean_kl = out["clean_heldout_rkl"]
     out["kl_ratio"] = out["run_heldout_rkl"] / clean_kl if clean_kl != 0 else (  # a clean run at KL 0
@@ -96,7 +109,7 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
     Columns: run_id, pair, rollout (label), clean (bool), seed, baseline (run_id of the clean run it is
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
     the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
-    heldout_accuracy (final, fraction), kl_ratio, acc_delta (fraction), tolerated (None for clean
+    heldout_accuracy (final, fraction: the study's accuracy, `accuracy_metric`, which names it), kl_ratio, acc_delta (fraction), tolerated (None for clean
     runs and runs without a baseline; one run's comparison — `mismatch.opd.tolerance.run_verdicts` gives
     the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
     step: False while a run is still going or after it failed), last_step (its last evaluation), steps,
@@ -109,13 +122,14 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
         is_clean = run_label(cfg) == "clean"
         base_id, base = clean.get(comparison_key(cfg), ("", None))
         v = verdict(base, metrics, tolerance=tolerance) if base is not None and not is_clean else {}
+        accuracy = accuracy_metric(metrics, *([base] if base is not None else []))
         table.append({"run_id": cfg["run_id"], "pair": cfg.get("pair"), "rollout": run_label(cfg), "clean": is_clean,
                       "seed": cfg.get("seed"),
                       "baseline": base_id if not is_clean else cfg["run_id"],
                       "mismatch_kl": mean_value(metrics, "mismatch_kl"),
                       "mismatch_logp_abs_diff_mean": mean_value(metrics, "mismatch_logp_abs_diff_mean"),
                       "heldout_rkl": final_value(metrics, "heldout_rkl"),
-                      "heldout_accuracy": final_value(metrics, "heldout_accuracy"),
+                      "heldout_accuracy": final_value(metrics, accuracy), "accuracy_metric": accuracy,
                       "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),
                       "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
                       "tolerated": v.get("tolerated"),

@@ -142,7 +142,10 @@ class ReverseTask(SyntheticTask):
 
 
 _TEMPLATES = ("What is {t}?", "Explain {t} to a beginner.", "Why does {t} matter?",
-              "Tell me something interesting about {t}.", "How would you describe {t} to a friend?")
+              "Tell me something interesting about {t}.", "How would you describe {t} to a friend?",
+              "What should everyone know about {t}?", "Give me a quick overview of {t}.",
+              "What is the history of {t}?", "How does {t} affect everyday life?",
+              "What is a common misconception about {t}?")
 _TOPICS = ("photosynthesis", "gravity", "the water cycle", "volcanoes", "the moon", "electricity",
            "the internet", "vaccines", "climate change", "the human heart", "honey bees", "rainbows",
            "earthquakes", "the Roman Empire", "democracy", "inflation", "recycling", "black holes",
@@ -153,14 +156,30 @@ _TOPICS = ("photosynthesis", "gravity", "the water cycle", "volcanoes", "the moo
            "the Renaissance", "batteries", "deserts", "penguins", "the periodic table", "meditation",
            "the Amazon river", "origami", "airplanes", "the speed of light", "libraries", "tea",
            "the Moon landing", "wind turbines", "coral reefs", "the French Revolution", "music notation",
-           "a healthy breakfast")
+           "a healthy breakfast",
+           # added for a held-out split of ≥ 200 questions (issue 24): 140 topics × 10 templates
+           "the telescope", "antibiotics", "the Sahara", "earthworms", "the violin", "paper money",
+           "hurricanes", "the human brain", "clouds", "the steam engine", "rice farming", "the Milky Way",
+           "whales", "the Eiffel Tower", "chocolate", "the metric system", "migration of birds", "soap",
+           "the Silk Road", "lightning rods", "volcanic islands", "the microscope", "cheese making",
+           "the Arctic", "elephants", "the telephone", "public parks", "the heart of a cell",
+           "the Industrial Revolution", "snowflakes", "the compass", "wolves", "the calendar",
+           "fermentation", "the ozone layer", "bamboo", "the Nile", "x-rays", "ancient Egypt", "the piano",
+           "magnets", "carbon dioxide", "sharks", "the Mona Lisa", "maps", "yoga", "the Andes", "salt",
+           "nuclear power", "butterflies", "the postal service", "rain forests of Borneo", "the wheel",
+           "caves", "the stethoscope", "sunflowers", "the Greek myths", "hydrogen", "camels",
+           "the refrigerator", "pottery", "the Himalayas", "sound waves", "the Vikings", "tomatoes",
+           "the human skeleton", "trains", "the Great Barrier Reef", "ants", "the light bulb",
+           "the Aztec empire", "rivers", "the guitar", "fossils", "the solar system", "owls", "clocks",
+           "the Panama Canal", "wool", "the human eye")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConciseTask:
     """Answer open questions in a short reply (context distillation of conciseness).
 
-    Prompts are the 300 combinations of 5 templates and 60 topics, split by `split_of`.
+    Prompts are the 1,400 combinations of 10 templates and 140 topics, split by `split_of` (one in
+    five held out: 283 held-out questions).
     """
 
     name: str = "concise"

@@ -78,6 +78,7 @@ class Kind:
 # rollout forms that are not perturbations (`mismatch.rollout_spec` parses them): what realises each
 ROLLOUT_ONLY = {"stale": "weights K steps old exist only inside an OPD run (its rollout copy's ring)",
                 "reuse": "one batch trained on for R steps exists only inside an OPD run",
+                "resample": "another sampling stream of the student itself exists only inside an OPD run",
                 "engine": "another engine runs the model (a probe candidate or an OPD rollout source)"}
 
 _BY_NAME: dict[str, Kind] = {}

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.verdict import final_value, opd_runs, run_label
+from mismatch.opd.verdict import accuracy_metric, final_value, opd_runs, run_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
 from mismatch.opd.tolerance import Analysis, analyse, run_verdicts
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
-          ("heldout_accuracy", "held-out accuracy (temperature-1 samples)"))
+          ("accuracy", "held-out accuracy (expected exact match where exact, else of samples)"))
 CONFIG_LINE = ("pair", "loss", "steps", "batch_size", "lr", "seed")
 MAX_CURVES = 16  # runs drawn one line each in opd_curves.png; more is a study, drawn as seed means
 
@@ -41,6 +41,7 @@ def curves_figure(rows: pd.DataFrame):
         label = run_label(cfg) + (f" (seed {cfg['seed']})" if several_seeds else "")
         style = dict(color="black", linewidth=2.5) if run_label(cfg) == "clean" else dict(linewidth=1.4)
         for ax, (metric, _) in zip(axes, CURVES):
+            metric = accuracy_metric(run) if metric == "accuracy" else metric  # the study's accuracy
             curve = frame[frame["metric"] == metric].sort_values("step")
             if len(curve):
                 ax.plot(curve["step"], curve["value"], marker="o", markersize=3, label=label, **style)
@@ -73,12 +74,13 @@ def _verdicts_markdown(rows: pd.DataFrame, analysis: Analysis) -> list[str]:
     lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
     for cfg, metrics in opd_runs(rows):
         if run_label(cfg) == "clean":
+            acc = accuracy_metric(metrics)
             where = ", ".join([str(cfg.get("pair")), *([settings[cfg["run_id"]]] if settings else []),
                                *([f"seed {_config_value(cfg.get('seed'))}"] if seeds else [])])
             lines.append(f"Clean run ({where}): final held-out reverse KL "
                          f"{final_value(metrics, 'heldout_rkl'):.3f} nats, accuracy "
-                         f"{final_value(metrics, 'heldout_accuracy'):.1%} (step 0: "
-                         f"{_value_at(metrics, 'heldout_rkl', 0):.3f} nats, {_value_at(metrics, 'heldout_accuracy', 0):.1%}).")
+                         f"{final_value(metrics, acc):.1%} (step 0: "
+                         f"{_value_at(metrics, 'heldout_rkl', 0):.3f} nats, {_value_at(metrics, acc, 0):.1%}; {acc}).")
     lines.append("")
     if not len(judged):
         return lines + ["No run has a clean baseline in its group: no verdicts."]

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.opd.verdict import opd_runs
+from mismatch.opd.verdict import accuracy_metric, opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
@@ -135,7 +135,9 @@ def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
     """Held-out accuracy vs step, one panel per pair × level family (each pair's most common settings):
     the family's levels in shades of its colour, the clean run in black, mean over seeds with a ±1 sd
     band; at most `MAX_LEGEND` levels per panel (a larger family is split over panels)."""
-    metrics = {cfg["run_id"]: pd.DataFrame(m) for cfg, m in opd_runs(rows)}
+    runs_rows = opd_runs(rows)
+    metrics = {cfg["run_id"]: pd.DataFrame(m) for cfg, m in runs_rows}
+    accuracy = {cfg["run_id"]: accuracy_metric(m) for cfg, m in runs_rows}  # the study's accuracy of each run
     panels, captions = [], []
     for pair in sorted(runs["pair"].unique()):
         mine = runs[runs["pair"] == pair]
@@ -161,7 +163,7 @@ def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
         for label, group, color, width in series:
             if group.empty:
                 continue
-            curves = [metrics[rid][metrics[rid]["metric"] == "heldout_accuracy"].set_index("step")["value"]
+            curves = [metrics[rid][metrics[rid]["metric"] == accuracy[rid]].set_index("step")["value"]
                       for rid in group["run_id"]]
             frame = pd.concat(curves, axis=1).sort_index() * 100
             mean, sd = frame.mean(axis=1), frame.std(axis=1, ddof=1).fillna(0)

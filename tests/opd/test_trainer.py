@@ -1,6 +1,8 @@
 """The OPD recipe: exact identities under no mismatch, learning on a synthetic pair, bad input."""
 
 import dataclasses
+import math
+import statistics
 
 import pytest
 import torch
@@ -48,8 +50,29 @@ def test_stale_zero_reproduces_the_clean_run_bit_for_bit():
     strip = lambda rows: [r for r in rows if r["metric"] not in timing]  # noqa: E731
     assert strip(clean) == strip(stale0)
     assert strip(train(OPDConfig(**SHORT, rollout="reuse:1"))) == strip(clean)
+    assert strip(train(OPDConfig(**SHORT, rollout="resample:0"))) == strip(clean)
     again = train(OPDConfig(**SHORT))
     assert strip(again) == strip(clean)  # same config and seed, same numbers
+
+
+def test_the_aa_control_changes_only_the_rollout_samples():
+    """`resample:1`: the same prompts and initial weights as clean, other samples of the same policy
+    (so zero mismatch every step), the same step-0 evaluation, and another trajectory."""
+    from mismatch.opd.trainer import sample_rollouts, setup
+
+    clean_cfg, aa_cfg = OPDConfig(**SHORT), OPDConfig(**SHORT, rollout="resample:1")
+    assert not aa_cfg.is_clean and aa_cfg.rollout_spec.source == "A/A" and aa_cfg.clean() == clean_cfg
+    clean_run, aa_run = setup(clean_cfg), setup(aa_cfg)
+    prompts = clean_run.rng.sample(clean_run.train_pool, 8)
+    assert aa_run.rng.sample(aa_run.train_pool, 8) == prompts  # the same prompt stream
+    a, _ = sample_rollouts(clean_run, prompts, 1)
+    b, _ = sample_rollouts(aa_run, prompts, 1)
+    assert not torch.equal(a.batch.input_ids, b.batch.input_ids)  # other samples
+    clean, aa = train(clean_cfg), train(aa_cfg)
+    for metric in ("mismatch_kl", "mismatch_logp_abs_diff_max"):
+        assert set(_by(aa, metric).values()) == {0.0}, metric
+    assert _by(aa, "heldout_rkl")[0] == _by(clean, "heldout_rkl")[0]  # the same initial student, same eval samples
+    assert _by(aa, "loss")[SHORT["steps"]] != _by(clean, "loss")[SHORT["steps"]]
 
 
 def test_stale_run_serves_old_weights_and_differs():
@@ -128,7 +151,19 @@ def test_clean_run_lowers_kl_and_raises_accuracy():
     assert set(kl) == set(acc) == {0, 40}
     assert kl[40] <= 0.87 * kl[0]
     assert acc[40] >= acc[0] + 0.06
+    se = _by(rows, "heldout_accuracy_se")  # 0/1 rewards: the binomial standard error, by its formula
+    assert all(se[s] == pytest.approx(math.sqrt(acc[s] * (1 - acc[s]) / 255), rel=1e-9) for s in (0, 40))
     assert all(r["value"] > 0 for r in rows if r["metric"] == "grad_norm")
+
+
+def test_mean_se_is_the_standard_error_of_the_mean():
+    from mismatch.opd.trainer import mean_se
+
+    values = [0.0, 1.0, 1.0, 0.25, 0.5]
+    mean, se = mean_se(values)
+    assert mean == pytest.approx(statistics.fmean(values))
+    assert se == pytest.approx(statistics.stdev(values) / math.sqrt(len(values)), rel=1e-12)
+    assert math.isnan(mean_se([1.0])[1])
 
 
 def test_learning_rate_schedule():

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from mismatch.verdict import Tolerance
 from mismatch.cli.app import app
-from mismatch.opd.verdict import final_value, verdict, verdict_table
+from mismatch.opd.verdict import accuracy_metric, final_value, verdict, verdict_table
 from mismatch.results import read_results
 
 
@@ -32,6 +32,22 @@ def test_verdict_thresholds():
     assert verdict(clean, _rows({20: 2.0}, {20: 0.57}), tolerance=Tolerance(acc_tol=0.05))["tolerated"]
     no_task = verdict(_rows({20: 2.0}, {}), _rows({20: 2.1}, {}))  # KL only
     assert no_task["tolerated"] and math.isnan(no_task["acc_delta"])
+
+
+def test_verdict_compares_the_expected_accuracy_where_both_runs_recorded_it():
+    """The exact expected exact match, when both twins have it, is the accuracy compared; otherwise
+    (older results, tasks without one correct response) the sampled one."""
+    def with_expected(rows, values):
+        return rows + [{"step": s, "metric": "heldout_expected_accuracy", "value": v} for s, v in values.items()]
+
+    clean = with_expected(_rows({20: 2.0}, {20: 0.60}), {20: 0.50})
+    run = with_expected(_rows({20: 2.0}, {20: 0.61}), {20: 0.47})  # sampled +1 point, expected −3 points
+    v = verdict(clean, run)
+    assert v["accuracy_metric"] == "heldout_expected_accuracy"
+    assert v["acc_delta"] == pytest.approx(-0.03) and not v["tolerated"]
+    only_sampled = verdict(clean, _rows({20: 2.0}, {20: 0.61}))  # one twin lacks it: both compare sampled
+    assert only_sampled["accuracy_metric"] == "heldout_accuracy" and only_sampled["acc_delta"] == pytest.approx(0.01)
+    assert accuracy_metric(clean) == "heldout_expected_accuracy" and accuracy_metric(_rows({}, {})) == "heldout_accuracy"
 
 
 @pytest.mark.slow

@@ -33,10 +33,13 @@ def test_train_and_held_out_never_overlap(task):
 def test_concise_split_partitions_its_pool():
     task = ConciseTask()
     pool = task.all_prompts()
-    train, held = task.prompts("train", 234), task.prompts("held_out", 66)
-    assert len(pool) == 300 and sorted(train + held) == sorted(pool)
-    with pytest.raises(InputError, match="66 held_out prompts"):
-        task.prompts("held_out", 67)
+    n_held = sum(int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 5 == 0 for p in pool)  # by hand
+    # ≥ 200 held-out questions: the sampled accuracy's binomial SE ≤ 3.5 points at 50%, 2.5 at 85%
+    assert len(set(pool)) == len(pool) == 1400 and n_held >= 200
+    train, held = task.prompts("train", len(pool) - n_held), task.prompts("held_out", n_held)
+    assert sorted(train + held) == sorted(pool)
+    with pytest.raises(InputError, match=f"{n_held} held_out prompts"):
+        task.prompts("held_out", n_held + 1)
 
 
 def test_sort_scoring_on_hand_written_responses():

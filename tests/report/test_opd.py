@@ -132,7 +132,8 @@ def test_report_files_hold_the_verdict_numbers(rows, tmp_path):
     # one seed is never a verdict, however far the numbers are (the tolerance table's rule)
     assert lines["int4:group128"].endswith("| 0.5 | nan | 2.500 | 1.250 | 30.0% | -5.0 pts | uncertain (1 seed) |")
     assert lines["stale:4"].endswith("| 0.02 | nan | 2.100 | 1.050 | 34.0% | -1.0 pts | uncertain (1 seed) |")
-    assert "final held-out reverse KL 2.000 nats, accuracy 35.0% (step 0: 2.600 nats, 27.0%)" in md.read_text()
+    assert ("final held-out reverse KL 2.000 nats, accuracy 35.0% (step 0: 2.600 nats, 27.0%; heldout_accuracy)"
+            in md.read_text())
 
 
 def test_plotted_curves_are_the_data(rows):
