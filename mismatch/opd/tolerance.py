@@ -118,6 +118,38 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     return frame.drop(columns="order").reset_index(drop=True)
 
 
+NOISE_FLOOR_SOURCE = "A/A"  # `resample:S`: clean against clean, only the rollout samples changed
+
+
+def noise_floor(runs: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
+    """Per pair × settings, the spread any mismatch is judged against: the clean runs' finals over seeds
+    (mean and sd of the study's accuracy, in points, and of the held-out KL) and the A/A level
+    (`resample:S` against its clean twin: Δ accuracy and KL ratio, mean ± 95% half-width, the sd of Δ
+    over seeds, the verdict). The A/A half-width is the smallest accuracy effect the study resolves from 0
+    at that many seeds; a level whose Δ lies within it of a threshold needs more seeds to be decided."""
+    out = []
+    clean = runs[runs["clean"] & runs["complete"]]
+    aa = levels[levels["source"] == NOISE_FLOOR_SOURCE].set_index(["pair", "settings"]) if len(levels) else None
+    for (pair, settings), group in clean.groupby(["pair", "settings"], sort=True):
+        acc, kl = 100 * group["heldout_accuracy"].astype(float), group["heldout_rkl"].astype(float)
+        row = {"pair": pair, "settings": settings, "clean_seeds": int(group["seed"].nunique()),
+               "clean_accuracy": float(acc.mean()), "clean_accuracy_sd": float(acc.std(ddof=1)),
+               "clean_heldout_rkl": float(kl.mean()), "clean_heldout_rkl_sd": float(kl.std(ddof=1))}
+        twins = runs[(runs["pair"] == pair) & (runs["settings"] == settings) & (runs["source"] == NOISE_FLOOR_SOURCE)
+                     & runs["complete"] & (runs["baseline"] != "")]
+        if aa is not None and (pair, settings) in aa.index:
+            level = aa.loc[(pair, settings)]
+            level = level.iloc[0] if isinstance(level, pd.DataFrame) else level
+            deltas = 100 * twins.groupby("seed")["acc_delta"].mean()
+            sd = float(deltas.std(ddof=1)) if len(deltas) > 1 else math.nan
+            row.update({"aa_seeds": int(level["seeds"]), "aa_acc_delta": 100 * float(level["acc_delta"]),
+                        "aa_acc_delta_hw": 100 * float(level["acc_delta_hw"]), "aa_acc_delta_sd": sd,
+                        "aa_kl_ratio": float(level["kl_ratio"]), "aa_kl_ratio_hw": float(level["kl_ratio_hw"]),
+                        "aa_verdict": level["verdict"]})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """The OPD analysis every report reads, computed once (`analyse`): each run against its clean twin

@@ -6,6 +6,9 @@ over seeds (`mismatch.opd.tolerance`):
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
     every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
   * `tolerance_levels.csv` — that per-level table;
+  * `noise_floor.csv` — per pair × settings, the clean finals' spread over seeds and the A/A level
+    (`resample:S` against its clean twin: the spread any mismatch is judged against), also in
+    `tolerance.md`;
   * `tolerance_levels.png` — Δ accuracy and KL ratio vs level per source, seed intervals as bars;
   * `tolerance_vs_mismatch.png` — Δ accuracy vs the measured mismatch (mean `mismatch_kl` over the
     run, log axis) for every source and pair on one plot;
@@ -28,7 +31,7 @@ from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
 from mismatch.report.probe import is_isolation
-from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, Analysis, analyse, tolerance_table,
+from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, Analysis, analyse, noise_floor, tolerance_table,
                                      weight_bits)
 from mismatch.results import summaries
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
@@ -248,7 +251,30 @@ def static_dynamic_figure(joined: pd.DataFrame):
     return fig
 
 
-def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance) -> str:
+def _floor_markdown(floor: pd.DataFrame) -> list[str]:
+    if floor.empty:
+        return []
+    shown = pd.DataFrame({
+        "pair": floor["pair"], "settings": floor["settings"], "clean seeds": floor["clean_seeds"],
+        "clean accuracy (%)": [_pm(m, s, "{:.1f}").replace(" ± ", " sd ") for m, s in
+                               zip(floor["clean_accuracy"], floor["clean_accuracy_sd"])],
+        "clean KL (nats)": [_pm(m, s, "{:.3f}").replace(" ± ", " sd ") for m, s in
+                            zip(floor["clean_heldout_rkl"], floor["clean_heldout_rkl_sd"])]})
+    if "aa_seeds" in floor:
+        shown["A/A seeds"] = floor["aa_seeds"].map(lambda v: "—" if v != v else f"{v:.0f}")
+        shown["A/A Δ accuracy (pts)"] = [_pm(m, h, "{:+.1f}") for m, h in zip(floor["aa_acc_delta"], floor["aa_acc_delta_hw"])]
+        shown["A/A Δ sd (pts)"] = floor["aa_acc_delta_sd"].map(lambda v: "—" if v != v else f"{v:.2f}")
+        shown["A/A KL ratio"] = [_pm(m, h, "{:.3f}") for m, h in zip(floor["aa_kl_ratio"], floor["aa_kl_ratio_hw"])]
+        shown["A/A verdict"] = floor["aa_verdict"].fillna("—")
+    return ["## Noise floor: clean against clean", "",
+            "Clean finals over seeds (mean and sd) and the A/A level — `resample:S`, the clean run with only "
+            "its rollout samples changed, against its clean twin. The A/A interval is the spread every level "
+            "is judged against: an effect within its half-width of a threshold needs more seeds.", "",
+            markdown_table(shown), ""]
+
+
+def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance,
+              floor: pd.DataFrame | None = None) -> str:
     shown = levels.assign(
         level=levels["level"].map(str),
         mismatch_kl=levels["mismatch_kl"].map(lambda v: f"{v:.3g}"),
@@ -263,6 +289,7 @@ def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Toleran
         "when either lies wholly beyond, *uncertain* otherwise (one seed: no interval, always uncertain). "
         "`mismatch_kl`: mean over the run's steps of KL(rollout ‖ student) on the rollout tokens (nats).", "",
         "## Tolerance per pair × source", "", markdown_table(summary), "",
+        *_floor_markdown(floor if floor is not None else pd.DataFrame()),
         "## Every level (mean over seeds ± 95% interval)", "", markdown_table(shown), ""])
 
 
@@ -284,10 +311,13 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: To
     if levels.empty:
         return []
     summary = tolerance_table(levels)
-    written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv"]
-    written[0].write_text(_markdown(summary, levels, tolerance=tolerance))
+    floor = noise_floor(runs, levels)
+    written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv",
+               out_dir / "noise_floor.csv"]
+    written[0].write_text(_markdown(summary, levels, tolerance=tolerance, floor=floor))
     summary.to_csv(written[1], index=False)
     levels.to_csv(written[2], index=False)
+    floor.to_csv(written[3], index=False)
     written.append(save_figure(levels_figure(levels, tolerance=tolerance), out_dir / "tolerance_levels.png"))
     written.append(save_figure(mismatch_figure(levels, tolerance=tolerance), out_dir / "tolerance_vs_mismatch.png"))
     written.append(save_figure(seed_curves_figure(opd, runs), out_dir / "seed_curves.png"))

@@ -12,7 +12,7 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.sweep import write_sweep_report
-from mismatch.opd.tolerance import (level_table, run_table, source_level, t_interval, tolerance_table,
+from mismatch.opd.tolerance import (level_table, noise_floor, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
 from mismatch.results import tidy
 
@@ -109,7 +109,7 @@ def test_tolerance_table_reads_the_ladder(rows):
 def test_the_report_writes_tables_and_figures(rows, tmp_path):
     written = write_sweep_report(rows, tmp_path)
     names = [p.name for p in written]
-    assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "tolerance_levels.png",
+    assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "noise_floor.csv", "tolerance_levels.png",
                      "tolerance_vs_mismatch.png", "seed_curves.png"]
     md = (tmp_path / "tolerance.md").read_text()
     assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 |" in md
@@ -192,3 +192,25 @@ def test_the_kl_ratio_alone_decides_when_accuracy_keeps_up():
 def test_t_interval_switches_to_the_normal_beyond_30_degrees_of_freedom():
     assert t_interval(list(range(31)))[1] == pytest.approx(2.042 * statistics.stdev(range(31)) / math.sqrt(31))  # df 30
     assert t_interval(list(range(32)))[1] == pytest.approx(1.96 * statistics.stdev(range(32)) / math.sqrt(32))
+
+
+def test_the_noise_floor_is_the_clean_spread_and_the_aa_level():
+    """Clean finals over four seeds, and `resample:1` twins: the floor's numbers against statistics.*"""
+    clean_acc, aa_delta = [0.40, 0.43, 0.38, 0.41], [0.012, -0.021, 0.004, -0.010]
+    frames = []
+    for seed, (acc, d) in enumerate(zip(clean_acc, aa_delta)):
+        frames.append(_run(dataclasses.replace(BASE, seed=seed), acc, 1.0 + 0.01 * seed))
+        frames.append(_run(dataclasses.replace(BASE, seed=seed, rollout="resample:1"), acc + d, 1.0 + 0.01 * seed, 0.0))
+    runs = run_table(pd.concat(frames, ignore_index=True))
+    levels = level_table(runs)
+    assert levels["source"].tolist() == ["A/A"] and levels["level"].tolist() == [0]
+    floor = noise_floor(runs, levels).iloc[0]
+    assert floor["clean_seeds"] == 4 and floor["aa_seeds"] == 4
+    assert floor["clean_accuracy"] == pytest.approx(100 * statistics.fmean(clean_acc))
+    assert floor["clean_accuracy_sd"] == pytest.approx(100 * statistics.stdev(clean_acc))
+    assert floor["clean_heldout_rkl_sd"] == pytest.approx(statistics.stdev([1.0, 1.01, 1.02, 1.03]))
+    assert floor["aa_acc_delta"] == pytest.approx(100 * statistics.fmean(aa_delta))
+    assert floor["aa_acc_delta_sd"] == pytest.approx(100 * statistics.stdev(aa_delta))
+    assert floor["aa_acc_delta_hw"] == pytest.approx(100 * 3.182 * statistics.stdev(aa_delta) / 2)  # t(0.975, 3), √4
+    # −0.4 ± 2.3 points straddles −2: at this spread four seeds cannot resolve a 2-point threshold even for A/A
+    assert floor["aa_kl_ratio"] == pytest.approx(1.0) and floor["aa_verdict"] == "uncertain"
