@@ -18,6 +18,11 @@ def sweep(
     dry_run: Annotated[bool, typer.Option(help="Print the planned tasks and stop.")] = False,
     workers: Annotated[int | None, typer.Option(help="Run N tasks at a time as Ray tasks on a local Ray.")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (auto or HOST:PORT).")] = None,
+    decide: Annotated[bool | None, typer.Option(
+        "--decide/--no-decide", help="After the plan, add seeds in rounds to every level whose interval straddles "
+        "a threshold (default: the study's `decide`).")] = None,
+    max_seeds: Annotated[int | None, typer.Option(help="With --decide, the most seeds per level (default: the "
+                                                       "study's `max_seeds`, else 10).")] = None,
 ) -> None:
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
     from mismatch.cli import tables as console
@@ -25,10 +30,18 @@ def sweep(
     from mismatch.sweep.estimate import estimates
 
     plan = sweep_lib.load_study(study)
+    decide = plan.decide if decide is None else decide
+    max_seeds = plan.max_seeds if max_seeds is None else max_seeds
     if dry_run:
-        return out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
+        found = []
+        if decide:  # the rounds the results on disk call for, the next one included
+            plan, found = sweep_lib.with_rounds(plan, out_dir, max_seeds=max_seeds)
+        out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
+        return out.print(console.rounds_table(found)) if found else None
     with console.Bars(err) as bars:
         progress = lambda done, n, lab, _status: bars.update(f"sweep {plan.name}", done, n, lab)  # noqa: E731
         done = sweep_lib.run_study(plan, out_dir, resume=resume, retry_failed=retry_failed, workers=workers,
-                                   ray_address=ray_address, progress=progress)
+                                   ray_address=ray_address, progress=progress, decide=decide, max_seeds=max_seeds)
     out.print(console.sweep_summary(done, out_dir))
+    if done.rounds:
+        out.print(console.rounds_table(done.rounds))

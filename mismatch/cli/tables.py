@@ -158,6 +158,16 @@ def plan_table(study: Study, seconds: list[float] | None = None, workers: int | 
     return table
 
 
+def rounds_table(rounds) -> Table:
+    """Adaptive rounds (`mismatch.sweep.decide.Round`): per round, each level that got seeds and how many."""
+    table = Table("round", "pair", "source", "settings", "level", "seeds", title="adaptive seeds")
+    for index, found in enumerate(rounds, 1):
+        for (pair, source, settings, level), before, after in found.levels:
+            table.add_row(str(index), escape(str(pair)), escape(str(source)), escape(str(settings)), escape(str(level)),
+                          f"{before} → {after}")
+    return table
+
+
 def sweep_summary(report: SweepReport, out) -> Table:
     """How many tasks ran, were skipped and failed, with each failure's message."""
     table = Table("tasks", "count", title=escape(f"sweep into {out}"))

@@ -9,6 +9,7 @@ count (`Study.threads`), whatever the execution.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,18 +24,37 @@ from mismatch.sweep.tasks import Progress, execute, pending_tasks, task_id, task
 
 @dataclass(frozen=True)
 class SweepReport:
-    """What a sweep did: task ids run, skipped (already done) and failed (with their messages)."""
+    """What a sweep did: task ids run, skipped (already done) and failed (with their messages), and with
+    `decide` the rounds of adaptive seeds it found (`mismatch.sweep.decide.Round`)."""
 
     ran: tuple[str, ...]
     skipped: tuple[str, ...]
     failed: dict[str, str]
+    rounds: tuple = ()
+
+
+def with_rounds(study: Study, out: str | Path, *, max_seeds: int) -> tuple[Study, list]:
+    """`study` with the adaptive rounds its results in `out` call for (`mismatch.sweep.decide.rounds`):
+    its plan's OPD runs plus every round so far and the next one; and those rounds."""
+    from mismatch.results import read_results
+    from mismatch.sweep.decide import rounds
+    from mismatch.sweep.tasks import read_ledger
+
+    out = Path(out)
+    has_parts = out.is_dir() and any(out.glob("*.parquet"))
+    rows = read_results(out) if has_parts else None
+    if rows is None:
+        return study, []
+    opd, found = rounds(study.plan.opd, rows, read_ledger(out), max_seeds=max_seeds)
+    return dataclasses.replace(study, plan=dataclasses.replace(study.plan, opd=opd)), found
 
 
 def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_failed: bool = False,
               workers: int | None = None, ray_address: str | None = None,
-              progress: Progress | None = None) -> SweepReport:
+              progress: Progress | None = None, decide: bool = False, max_seeds: int = 10) -> SweepReport:
     """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`;
-    on Ray, in the order of `estimate.longest_first` instead.
+    on Ray, in the order of `estimate.longest_first` instead. With `decide`, then the rounds of
+    adaptive seeds (`mismatch.sweep.decide`) until every level is decided or has `max_seeds` seeds.
 
     Args:
         resume: skip tasks the ledger records as done (and, unless `retry_failed`, as failed).
@@ -45,6 +65,9 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
             storage every node shares, and every node needs this package installed.
         progress: `progress(finished, tasks, label, status)` when a task starts (`running`) and when it
             ends (`done` / `failed`); `finished` counts the tasks ended so far, this one included.
+        decide: after the plan, add seeds round by round to every level whose interval straddles a
+            threshold (each round resumes: what is done is not run again).
+        max_seeds: with `decide`, the most seeds a level gets.
 
     Returns:
         Which tasks ran, were skipped, and failed (message); failures never stop the sweep.
@@ -57,8 +80,25 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         raise InputError(f"a sweep writes into a results directory (with its ledger), not a file: {out}")
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be ≥ 1, got {workers}")
+    if decide and max_seeds < 2:
+        raise InputError(f"--max-seeds must be ≥ 2 (an interval needs two seeds), got {max_seeds}")
     check_writable(out, "results", folder=True)
     require_engines([*(p for t in study.plan.probes for p in t.perturb), *(t.rollout for t in study.plan.opd)])
+    report = _run_plan(study, out, resume=resume, retry_failed=retry_failed, workers=workers,
+                       ray_address=ray_address, progress=progress)
+    found: list = []
+    while decide:
+        extended, found = with_rounds(study, out, max_seeds=max_seeds)
+        step = _run_plan(extended, out, resume=True, retry_failed=False, workers=workers, ray_address=ray_address,
+                         progress=progress)
+        report = SweepReport(report.ran + step.ran, report.skipped, {**report.failed, **step.failed}, tuple(found))
+        if not step.ran:  # nothing left: every level decided, at max_seeds, or its runs failed
+            break
+    return report
+
+
+def _run_plan(study: Study, out: Path, *, resume: bool, retry_failed: bool, workers: int | None,
+              ray_address: str | None, progress: Progress | None) -> SweepReport:
     threads = study.threads
     todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume,
                                   retry_failed=retry_failed, threads=threads)

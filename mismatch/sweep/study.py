@@ -2,6 +2,8 @@
 
     name = "quick"
     threads = 1                   # torch threads per task (default 1), the same serially and on Ray
+    decide = true                 # adaptive seeds after the plan (`mismatch.sweep.decide`); default false
+    max_seeds = 10                # … up to this many seeds per level (default 10)
 
     [static]                      # probes: every model × seed × layer scope, all specs share a reference
     models = ["smollm2-135m"]
@@ -50,6 +52,7 @@ STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tok
                "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}
 DYNAMIC_KEYS = {"pairs", "rollouts", "losses", "lrs", "tis_caps", "seeds", "settings"}
 GRID_FIELDS = {"pair", "rollout", "loss", "lr", "tis_cap", "seed"}  # set by the grid, not by settings
+TOP_KEYS = ("name", "threads", "decide", "max_seeds", "static", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class Study:
     path: Path
     plan: Plan
     threads: int = 1
+    decide: bool = False  # adaptive seeds after the plan (`mismatch.sweep.decide`)
+    max_seeds: int = 10
 
 
 def _table(cfg: dict, key: str, valid: set[str], where: str) -> dict:
@@ -190,9 +195,9 @@ def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -
     Raises:
         InputError: an unknown key, spec, pair or loss, or a bad value; one line naming `where` and the key.
     """
-    unknown = sorted(set(cfg) - {"name", "threads", "static", "dynamic"})
+    unknown = sorted(set(cfg) - set(TOP_KEYS))
     if unknown:
-        raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: name, threads, static, dynamic")
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; valid: {', '.join(TOP_KEYS)}")
     if "static" not in cfg and "dynamic" not in cfg:
         raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
     static = [c for part, label in _blocks(cfg, "static", STATIC_KEYS, where) for c in _static(part, label, base_dir)]
@@ -210,8 +215,11 @@ def load_study(path: str | Path) -> Study:
     """
     path = Path(path)
     cfg = read_toml(path, "study file")
-    threads = cfg.get("threads", 1)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InputError(f"{path}: threads must be a whole number ≥ 1, got {threads!r}")
+    threads, max_seeds, decide = cfg.get("threads", 1), cfg.get("max_seeds", Study.max_seeds), cfg.get("decide", False)
+    for key, value, least in (("threads", threads, 1), ("max_seeds", max_seeds, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"{path}: {key} must be a whole number ≥ {least}, got {value!r}")
+    if not isinstance(decide, bool):
+        raise InputError(f"{path}: decide must be true or false, got {decide!r}")
     return Study(str(cfg.get("name", path.stem)), path, plan_study(cfg, where=str(path), base_dir=path.parent),
-                 threads)
+                 threads, decide, max_seeds)
