@@ -9,9 +9,10 @@ check computes too). Staleness and reuse measure 0 there by construction (no upd
 behind), so they are not fitted: their verdicts are carried over as the study measured them
 (`Thresholds.lagged`).
 
-Labels come from the study's tolerance analysis (`mismatch.opd.tolerance`): a level is *tolerated*
-(for fitting) when its mean over seeds of Δ final held-out accuracy ≥ −acc_tol and KL ratio ≤
-1 + kl_tol; the interval verdict (tolerated / uncertain / not tolerated) is kept beside it. Each
+Labels come from the study's tolerance analysis (`mismatch.opd.tolerance`): the level's interval
+verdict over seeds. Only *decided* levels — tolerated or not tolerated — are fitted on; an uncertain
+level is kept among the points (`decided` false) but places no limit, since its label would be a
+coin flip of the seeds (a threshold fitted on means of undecided levels moves with every reseed). Each
 statistic gets a one-sided limit (admit when the statistic ≤ limit) at the geometric midpoint of the
 split that best separates the labels (balanced accuracy; ties: the widest gap in log space). With no
 not-tolerated point the limit is the largest tolerated value: beyond it nothing was measured.
@@ -33,7 +34,7 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.opd.tolerance import Analysis, analyse, kept_up
+from mismatch.opd.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
@@ -123,9 +124,9 @@ def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
 
 def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
-    each first-step statistic, the level's tolerance numbers and verdict, and `tolerated` (the label:
-    mean Δ accuracy ≥ −acc_tol and mean KL ratio ≤ 1 + kl_tol). `runs` / `levels`: the rows'
-    `run_table` and `level_table` (`mismatch.opd.tolerance`)."""
+    each first-step statistic, the level's tolerance numbers and verdict, `decided` (the verdict is
+    tolerated or not tolerated) and `tolerated` (the label: the verdict is tolerated; meaningful only
+    where decided). `runs` / `levels`: the rows' `run_table` and `level_table` (`mismatch.opd.tolerance`)."""
     if levels.empty:
         raise InputError("no judged OPD levels in these results: run a study with clean twins first")
     stats = first_step_statistics(rows)
@@ -134,7 +135,8 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     means = runs[~runs["clean"]].groupby(keys, sort=False)[list(stats.columns)].mean()
     levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"})  # mean over the whole run
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
-    points = points.assign(level=points["level"].map(str), tolerated=kept_up(points, tolerance=tolerance))
+    points = points.assign(level=points["level"].map(str), decided=points["verdict"] != "uncertain",
+                           tolerated=points["verdict"] == "tolerated")
     return points.reset_index(drop=True)
 
 
@@ -230,23 +232,29 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     analysis = analysis if analysis is not None else analyse(rows, tolerance)
     runs, levels, tolerance = analysis.runs, analysis.levels, analysis.tolerance
     points = labelled_points(rows, runs, levels, tolerance=tolerance)
-    labels = points["tolerated"].astype(bool)
+    decided = points[points["decided"]]
+    labels = decided["tolerated"].astype(bool)
+    undecided = f" ({len(points) - len(decided)} undecided levels not fitted)" if len(decided) < len(points) else ""
     if labels.all() or not labels.any():
-        raise NotEnoughDataError(f"not enough data to fit a limit: all {len(points)} judged levels are "
-                                 f"{'tolerated' if labels.all() else 'not tolerated'}, and a limit needs levels "
-                                 "on both sides of it (add levels that break, e.g. a weight-noise ladder)")
+        state = "none is decided" if decided.empty else (
+            f"all {len(decided)} decided levels are {'tolerated' if labels.all() else 'not tolerated'}")
+        raise NotEnoughDataError(f"not enough data to fit a limit: {state}{undecided}, and a limit needs decided "
+                                 "levels on both sides of it (add levels that break, e.g. a weight-noise ladder, "
+                                 "or seeds: mismatch sweep --decide)")
     stats = [s for s in STATISTICS if s in points and points[s].notna().any()]
     if PRIMARY not in stats:
         raise InputError("these results hold no first-step mismatch statistics (OPD runs record them per step)")
-    limits = {s: fit_limit(points[s].to_numpy(), points["tolerated"].to_numpy()) for s in stats}
-    brackets = {s: bracket(points[s].to_numpy(), points["tolerated"].to_numpy(), limits[s]) for s in stats}
-    validation = [v for s in stats for v in validate(points, s)]
+    limits = {s: fit_limit(decided[s].to_numpy(), decided["tolerated"].to_numpy()) for s in stats}
+    brackets = {s: bracket(decided[s].to_numpy(), decided["tolerated"].to_numpy(), limits[s]) for s in stats}
+    validation = [v for s in stats for v in validate(decided, s)]
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "label": f"tolerated = mean Δ accuracy ≥ −{100 * tolerance.acc_tol:g} points and mean KL ratio ≤ {1 + tolerance.kl_tol:g}"}
+                  "label": (f"the level's verdict over seeds (95% intervals of Δ accuracy against −{100 * tolerance.acc_tol:g} "
+                            f"points and of the KL ratio against {1 + tolerance.kl_tol:g}); fitted on decided levels "
+                            f"only: {len(decided)} of {len(points)}")}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance)
 

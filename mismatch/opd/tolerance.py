@@ -94,8 +94,11 @@ def _short(value: object) -> str:
 def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
     over seeds; runs sharing a seed are averaged into one value first): seeds (distinct), mean
-    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, the verdict, and the accuracy
-    metric compared (`accuracy_metric`: the expected exact match where exact, else the sampled one)."""
+    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, the verdict, each mean's distance
+    from its threshold on the allowed side (`acc_margin` = Δ + acc_tol, `kl_margin` = 1 + kl_tol − ratio:
+    negative beyond it; an undecided level's margin below its half-width is what more seeds must
+    resolve), and the accuracy metric compared (`accuracy_metric`: the expected exact match where
+    exact, else the sampled one)."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     out = []
     for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
@@ -107,6 +110,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
         out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
                     "mismatch_kl": float(group["mismatch_kl"].mean()), "acc_delta": acc, "acc_delta_hw": acc_hw,
                     "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as,
+                    "acc_margin": acc + tolerance.acc_tol, "kl_margin": 1 + tolerance.kl_tol - kl,
                     "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna())))})
     frame = pd.DataFrame(out)
     if frame.empty:
@@ -205,7 +209,7 @@ def kept_up(levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
 def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
     """Per pair × source × settings: the levels tested, the largest tolerated with every smaller level
     tolerated too (formats: the cheapest tolerated, by stored bits per weight), the first level not
-    tolerated, and the uncertain ones."""
+    tolerated, and the uncertain ones with their seeds (`undecided at N seeds`)."""
     out = []
     for (pair, source, settings), group in levels.groupby(["pair", "source", "settings"], sort=False):
         verdict = dict(zip(group["level"], group["verdict"]))
@@ -220,7 +224,9 @@ def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
                     break
                 largest = _short(lv)
         first_bad = next((_short(lv) for lv in tested if verdict[lv] == "not tolerated"), "—")
-        uncertain = ", ".join(_short(lv) for lv in tested if verdict[lv] == "uncertain") or "—"
+        seeds = dict(zip(group["level"], group["seeds"]))
+        uncertain = ", ".join(f"{_short(lv)} (undecided at {seeds[lv]} seed{'s' if seeds[lv] != 1 else ''})"
+                              for lv in tested if verdict[lv] == "uncertain") or "—"
         out.append({"pair": pair, "source": source, "settings": settings,
                     "levels": ", ".join(_short(lv) for lv in tested),
                     "tolerated up to": largest,

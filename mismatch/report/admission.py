@@ -26,7 +26,9 @@ def admission_markdown(t: Thresholds) -> str:
              "could take. Staleness and reuse measure 0 before training and are not fitted (the check carries "
              "their study verdicts over).", "",
              f"Fitted on {', '.join(prov.get('results', []))}: {prov.get('opd_runs', '?')} OPD runs, "
-             f"{len(t.points)} levels ({sum(not p['tolerated'] for p in t.points)} not tolerated), "
+             f"{len(t.points)} levels, {sum(p.get('decided', True) for p in t.points)} decided "
+             f"({sum(p.get('decided', True) and not p['tolerated'] for p in t.points)} not tolerated; undecided levels "
+             "are listed but place no limit), "
              f"{prov.get('fitted_with', '')}.", "",
              "## Limits (admit when the statistic ≤ limit)", "",
              "| statistic | limit | pinned to |", "|---|---|---|"]
@@ -40,7 +42,7 @@ def admission_markdown(t: Thresholds) -> str:
         lines.append(f"| {p['pair']} | {p['source']} | {p['level']} | {p['seeds']} | {p.get(t.primary, math.nan):.3g} | "
                      f"{plus_minus(p['acc_delta'], p['acc_delta_hw'], 100)} | "
                      f"{plus_minus(p['kl_ratio'], p['kl_ratio_hw'], 1, '{:.3f}')} | "
-                     f"{p['verdict']} | {'tolerated' if p['tolerated'] else 'not tolerated'} |")
+                     f"{p['verdict']} | {_label(p)} |")
     lines += ["", "## Leave one pair out", "",
               "Each pair's levels predicted by the limit fitted on the other pairs.", "",
               "| statistic | held-out pair | limit without it | levels | admit ∧ tolerated | admit ∧ not | "
@@ -57,6 +59,12 @@ def admission_markdown(t: Thresholds) -> str:
               f"{n}. " + ("No better than always admitting." if right <= always else
                           f"The check differs from always admitting on {n - always} not-tolerated level(s).")]
     return "\n".join(lines) + "\n"
+
+
+def _label(point: dict) -> str:
+    if not point.get("decided", True):
+        return "not fitted (undecided)"
+    return "tolerated" if point["tolerated"] else "not tolerated"
 
 
 def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: list[str],

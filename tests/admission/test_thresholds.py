@@ -59,8 +59,9 @@ def test_fit_limit_at_its_edges():
 
 # first-step mismatch_kl of each level, and whether its runs keep up with clean (Δ accuracy in points)
 STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -0.5), "noise:1.0": (1.3, -12.0)},
-         "reverse-qwen3": {"fp8-e4m3": (0.004, 0.3), "int4:group128": (0.15, -1.0), "noise:3.0": (2.0, -20.0)},
-         "copy-x": {"int4:group128": (0.8, -9.0), "fp8-e4m3": (0.01, 0.0)}}
+         "reverse-qwen3": {"fp8-e4m3": (0.004, 0.3), "int4:group128": (0.15, -0.5), "noise:3.0": (2.0, -20.0)},
+         # int8 here: mean −1.8 points is within −2, but its interval (2 seeds, ±1.3) straddles −2: undecided
+         "copy-x": {"int4:group128": (0.8, -9.0), "fp8-e4m3": (0.01, 0.0), "int8:channel": (0.5, -1.9)}}
 
 
 def _run(config, acc, first_kl):
@@ -92,7 +93,10 @@ def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_o
     assert points.loc[("sort-gpt2", "int4:group128"), "run_mismatch_kl"] == pytest.approx(0.03 * 1.05 * 3)
     assert not points.loc[("copy-x", "int4:group128"), "tolerated"] and points.loc[("copy-x", "fp8-e4m3:channel"),
                                                                                    "tolerated"]
-    # tolerated ≤ 0.15·1.05, not tolerated ≥ 0.8·1.05: the limit is their geometric mean
+    # the undecided level (0.5·1.05, tolerated by its mean) is listed but places no limit: with it the
+    # bracket would be [0.525, 0.84]; decided tolerated ≤ 0.15·1.05, not tolerated ≥ 0.8·1.05
+    assert not points.loc[("copy-x", "int8:channel"), "decided"]
+    assert points.loc[("copy-x", "int8:channel"), "verdict"] == "uncertain"
     assert t.brackets["mismatch_kl"] == pytest.approx([0.1575, 0.84])
     assert t.limits["mismatch_kl"] == pytest.approx(math.sqrt(0.1575 * 0.84))
     v = {r["held_out"]: r for r in t.validation}
@@ -126,7 +130,8 @@ def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
 
     kept = study[~study["rollout"].isin(["noise:1.0", "noise:3.0", "int4:group128"]) | (study["pair"] != study["pair"])]
     kept = kept[~((kept["pair"] == "copy-x") & (kept["rollout"] == "int4:group128"))]
-    with pytest.raises(NotEnoughDataError, match="not enough data to fit a limit: all 3 judged levels are tolerated"):
+    with pytest.raises(NotEnoughDataError, match="not enough data to fit a limit: all 3 decided levels are tolerated "
+                       r"\(1 undecided levels not fitted\)"):
         thresholds_from_rows(kept, sources=["hand-made"])
     assert [p.name for p in write_admission_report(kept, tmp_path, sources=["hand-made"])] == ["admission.md"]
     assert "No limit fitted: not enough data" in (tmp_path / "admission.md").read_text()

@@ -95,13 +95,14 @@ def test_levels_pool_seeds_and_judge_with_intervals(rows):
     assert levels.loc[("lr 0.001", 0.5), "verdict"] == "uncertain"  # one seed: no interval, not called either way
     assert levels.loc[("lr 0.003", 1), "verdict"] == "uncertain"
     assert levels.loc[("lr 0.001", 1), "mismatch_kl"] == pytest.approx(0.005)
+    assert cell["acc_margin"] == pytest.approx(mean + 0.02) and cell["kl_margin"] == pytest.approx(1.10 - 1.03)
 
 
 def test_tolerance_table_reads_the_ladder(rows):
     table = tolerance_table(level_table(run_table(rows))).set_index(["source", "settings"])
     stale = table.loc[("stale", "lr 0.001")]
     assert stale["levels"] == "1, 2, 4, 8" and stale["tolerated up to"] == "1"  # 2 is uncertain: the ladder stops
-    assert stale["first not tolerated"] == "4" and stale["uncertain"] == "2"
+    assert stale["first not tolerated"] == "4" and stale["uncertain"] == "2 (undecided at 3 seeds)"
     fmt = table.loc[("format", "lr 0.001")]
     assert fmt["tolerated up to"] == "int4:group128 (4.125 bits)"  # the cheapest tolerated format
 
@@ -112,7 +113,7 @@ def test_the_report_writes_tables_and_figures(rows, tmp_path):
     assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "noise_floor.csv", "tolerance_levels.png",
                      "tolerance_vs_mismatch.png", "seed_curves.png"]
     md = (tmp_path / "tolerance.md").read_text()
-    assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 |" in md
+    assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 (undecided at 3 seeds) |" in md
     assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8
 
 

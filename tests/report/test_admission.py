@@ -16,4 +16,6 @@ def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(st
     right = int((primary["admit_tolerated"] + primary["reject_not"]).sum())
     assert f"With mismatch_kl: {right} of {int(primary['levels'].sum())} held-out levels predicted right" in text
     points = pd.read_csv(tmp_path / "admission_points.csv")
-    assert len(points) == 8 and points["tolerated"].sum() == 5  # three levels lose ≥ 2 points
+    # nine levels: five tolerated, three lose ≥ 2 points, one undecided (listed, not fitted)
+    assert len(points) == 9 and points["decided"].sum() == 8 and points["tolerated"].sum() == 5
+    assert int(primary["levels"].sum()) == 8 and "| not fitted (undecided) |" in text
