@@ -29,6 +29,7 @@ from mismatch.pairs.registry import pair_digest, student_architecture
 from mismatch.results import ResultsWriter, provenance, read_results, run_id, tidy, write_frame
 
 RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
+EVAL_CACHE = "_cache/initial_eval"  # inside a results directory: step 0's evaluations (`trainer.initial_evaluation`)
 
 
 def make_config(**fields: object) -> OPDConfig:
@@ -173,7 +174,8 @@ def _run_one(configs: Sequence[OPDConfig], index: int, writer: ResultsWriter | N
 
     try:
         rows = train(config, on_rows=on_rows, progress=on_step,
-                     save_to=None if save_to is None else save_dir(save_to, configs, config))
+                     save_to=None if save_to is None else save_dir(save_to, configs, config),
+                     eval_cache=None if writer is None or writer.is_file else writer.path / EVAL_CACHE)
     finally:
         flush()
     if writer is not None:  # the run is complete: an earlier copy of it can go

@@ -23,6 +23,7 @@ default, `lr_factor`).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
@@ -278,6 +279,37 @@ def evaluate(run: OPDRun) -> dict[str, float]:
     return out
 
 
+INITIAL_EVAL_FIELDS = ("pair", "seed", "eval_prompts", "chunk_tokens", "eval_greedy")  # what step 0's evaluation reads
+
+
+def initial_evaluation(run: OPDRun, cache: str | Path | None = None) -> dict[str, float]:
+    """Step 0's evaluation: the initial student on the held-out prompts — the same for every run of a pair
+    that shares `INITIAL_EVAL_FIELDS`, the effective max_new_tokens, the pair's data (`pair_digest`) and the
+    torch thread count, whatever its rollout, loss or learning rate. With `cache` (a folder) it is
+    computed once and read back from `cache/<key>.json` by every other such run (written atomically);
+    the values are the computation's own, so a run's rows are the same bit for bit with or without it."""
+    if cache is None:
+        return evaluate(run)
+    from mismatch.files import atomic_write_text
+    from mismatch.hashing import content_hash
+    from mismatch.pairs.registry import pair_digest
+    from mismatch.version import ID_SCHEMA, __version__
+
+    cfg = run.config
+    key = content_hash({**{f: getattr(cfg, f) for f in INITIAL_EVAL_FIELDS}, "max_new_tokens": run.max_new_tokens,
+                        "pair_sha256": pair_digest(cfg.pair), "threads": torch.get_num_threads(),
+                        "mismatch_version": __version__, "id_schema": ID_SCHEMA})
+    path = Path(cache) / f"{key}.json"
+    if path.is_file():
+        try:
+            return {k: float(v) for k, v in json.loads(path.read_text()).items()}
+        except (ValueError, AttributeError):  # a damaged entry: computed again and replaced
+            pass
+    values = evaluate(run)
+    atomic_write_text(path, json.dumps({k: repr(float(v)) for k, v in values.items()}))  # repr: every bit
+    return values
+
+
 def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     """Steps 1–4 for optimizer step `step` (1-based); returns the step's metrics with timings.
 
@@ -315,7 +347,8 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
 
 
 def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[list[dict]], None] | None = None,
-          progress: Progress | None = None, save_to: str | Path | None = None) -> list[dict]:
+          progress: Progress | None = None, save_to: str | Path | None = None,
+          eval_cache: str | Path | None = None) -> list[dict]:
     """Run OPD as configured; return (and stream to `on_rows`) tidy metric rows.
 
     Args:
@@ -324,6 +357,8 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         on_rows: called with each step's rows as soon as they exist (an interrupted run keeps them).
         progress: `progress(step, steps, metrics)` after each step.
         save_to: write the final student there as a Hugging Face directory (`save_student`).
+        eval_cache: a folder where step 0's evaluation is shared by every run it is the same for
+            (`initial_evaluation`; only for a registered pair loaded here, not a given `pair`).
 
     Returns:
         Rows `{"step", "metric", "value"}`. Per step: loss, grad_norm, lr (of this step's update),
@@ -352,7 +387,7 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         if on_rows is not None:
             on_rows(new)
 
-    emit(0, evaluate(run))
+    emit(0, initial_evaluation(run, eval_cache if pair is None else None))
     for step in range(1, config.steps + 1):
         metrics = opd_step(run, step)
         if step % config.eval_every == 0 or step == config.steps:

@@ -570,8 +570,15 @@ def _toml_digest(spec: PairSpec) -> str:
                            "prompts": sha256_file(prompts) if prompts.is_file() else f"unavailable:{prompts}"})
 
 
+def _pretrained_digest(spec: PairSpec) -> str:
+    """The weights, and what the pair's code defines: its task's questions and scoring, the teacher's context."""
+    task = TASKS[spec.task]
+    return content_hash({"weights": weights_digest("smollm2-135m"), "prompts": task.all_prompts(),
+                         "task": repr(task), "teacher_context": CONCISE_CONTEXT})
+
+
 register_pair_kind(PairKind(name="pretrained", availability=_pretrained_availability, load=_load_pretrained,
-                            digest=lambda spec: weights_digest("smollm2-135m"),
+                            digest=_pretrained_digest,
                             description="context distillation on the real SmolLM2-135M-Instruct weights"))
 register_pair_kind(PairKind(name="synthetic", availability=_always_available, load=_load_synthetic,
                             digest=_synthetic_digest,

@@ -259,3 +259,27 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
     # fp32 log-probs against float64: ~1e-6 nats per term, well inside rel 1e-5 of a ~1-nat mean
     assert got == pytest.approx(rkl, rel=1e-5)
     assert abs(fkl - rkl) > 0.01 * rkl
+
+
+def test_step_zero_is_evaluated_once_per_seed_and_read_back_bit_for_bit(tmp_path, monkeypatch):
+    """Twins of one seed (another rollout, another lr) share step 0's evaluation through the cache; the
+    rows are the same as without it, and a damaged entry is computed again."""
+    from mismatch.opd import trainer
+
+    calls = []
+    real = trainer.evaluate
+    monkeypatch.setattr(trainer, "evaluate", lambda run: calls.append(run.config.rollout) or real(run))
+    timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
+    strip = lambda rows: [r for r in rows if r["metric"] not in timing]  # noqa: E731
+    cache = tmp_path / "cache"
+    clean = train(OPDConfig(**SHORT), eval_cache=cache)
+    noisy_cfg = OPDConfig(**SHORT, rollout="noise:0.1", lr=3e-3)
+    noisy = train(noisy_cfg, eval_cache=cache)
+    assert calls == ["none", "none", "noise:0.1"]  # step 0 once, then each run's final evaluation
+    assert [r for r in noisy if r["step"] == 0] == [r for r in clean if r["step"] == 0]
+    assert strip(noisy) == strip(train(noisy_cfg))  # without the cache: the same rows, bit for bit
+    (entry,) = cache.glob("*.json")
+    entry.write_text("{not json")
+    assert strip(train(noisy_cfg, eval_cache=cache)) == strip(noisy)
+    other_seed = train(OPDConfig(**{**SHORT, "seed": 1}), eval_cache=cache)
+    assert len(list(cache.glob("*.json"))) == 2 and other_seed[0] != clean[0]

@@ -247,3 +247,18 @@ def test_toml_spec_describes_a_user_pair(tmp_path):
     assert (spec.name, spec.kind, spec.student, spec.teacher, spec.source) == ("mine", "toml", "s", "t", toml)
     assert availability(spec) is None
     assert isinstance(spec, PairSpec) and PAIR_KINDS[spec.kind].name == "toml"
+
+
+@pytest.mark.smollm2
+def test_the_pretrained_digest_covers_the_questions_and_the_teacher_context(monkeypatch):
+    """The pair's data is its weights and what its code defines: another question set or teacher
+    context is another pair digest (so other run ids: a resumed study never reuses runs on old questions)."""
+    from mismatch.pairs import registry, tasks
+    from mismatch.pairs.registry import pair_digest
+
+    before = pair_digest("smollm2-concise")
+    monkeypatch.setattr(tasks, "_TOPICS", tasks._TOPICS[:60])
+    fewer = pair_digest("smollm2-concise")
+    monkeypatch.undo()
+    monkeypatch.setattr(registry, "CONCISE_CONTEXT", registry.CONCISE_CONTEXT[:3])
+    assert len({before, fewer, pair_digest("smollm2-concise")}) == 3
