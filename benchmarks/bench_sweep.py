@@ -8,7 +8,12 @@ Prints
   (b) the same grid as Ray tasks on 2 workers (1 torch thread each) vs serially (all cores): the
       speed-up of the wall time, Ray's start-up included, and the start-up alone (target ≥ 1.6×);
   (c) a static sweep of S = 3 specs on SmolLM2-135M over one prompt set (teacher-forced text) ÷
-      (1 reference + S candidate forward passes of the same batch) (target ≤ 1.15).
+      (1 reference + S candidate forward passes of the same batch) (target ≤ 1.15);
+  (d) the ceiling of training G = 8 seeds of sort-gpt2 as one batched computation: the work of one
+      OPD step (FLOPs counted by `torch.utils.flop_counter`), and each part of it — the rollout
+      generation, the teacher's pass, the student's forward + backward — on one batch of 64 prompts
+      × 8 calls vs one call on the 8 batches' 512 prompts with the same weights (what stacked weights
+      or grouped matmuls could at best reach: the per-call overhead they remove), at 1 thread.
 """
 
 from __future__ import annotations
@@ -71,6 +76,55 @@ def forward_passes(n: int) -> float:
     return time.perf_counter() - start
 
 
+def _seconds(f, n: int = 3) -> float:
+    f()
+    start = time.perf_counter()
+    for _ in range(n):
+        f()
+    return (time.perf_counter() - start) / n
+
+
+def batching_ceiling(groups: int = 8, batch: int = 64) -> None:
+    """(d): one OPD step's FLOPs, and each part's time on `groups` × `batch` prompts as `groups` calls vs one."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mismatch.model.generate import generate
+    from mismatch.opd import OPDConfig
+    from mismatch.opd.trainer import _hidden, opd_step, setup, teacher_hidden
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = setup(OPDConfig(pair="sort-gpt2", batch_size=batch))
+        opd_step(run, 1)
+        step_s = _seconds(lambda: opd_step(run, 2), 5)
+        with FlopCounterMode(display=False) as counter:
+            opd_step(run, 3)
+        flops = counter.get_total_flops()
+        pair = run.pair
+        prompts = pair.prompts("train", groups * batch, seed=0)
+        parts = {}
+        for name, rows in (("one call per seed", batch), ("one call for all", groups * batch)):
+            chunks = [prompts[i:i + rows] for i in range(0, groups * batch, rows)]
+            sampled = [generate(pair.student, c, max_new_tokens=pair.max_new_tokens, temperature=1.0, seed=1) for c in chunks]
+
+            def student(b):
+                _hidden(pair.student.model, b).sum().backward()
+
+            parts[name] = (_seconds(lambda: [generate(pair.student, c, max_new_tokens=pair.max_new_tokens, temperature=1.0,
+                                                      seed=1) for c in chunks]),
+                           _seconds(lambda: [teacher_hidden(pair.teacher.model, b) for b in sampled]),
+                           _seconds(lambda: [student(b) for b in sampled]))
+    finally:
+        torch.set_num_threads(before)
+    per, one = parts["one call per seed"], parts["one call for all"]
+    print(f"(d) one sort-gpt2 OPD step of {batch} prompts: {flops / 1e9:.2f} GFLOP in {1000 * step_s:.0f} ms at 1 thread "
+          f"({flops / step_s / 1e9:.0f} GFLOP/s). {groups} seeds' parts as {groups} calls vs one call of "
+          f"{groups * batch} prompts (same weights: the ceiling of batching seeds): rollouts {per[0]:.2f} vs {one[0]:.2f} s, "
+          f"teacher {per[1]:.2f} vs {one[1]:.2f} s, student forward + backward {per[2]:.2f} vs {one[2]:.2f} s; "
+          f"all three {sum(per):.2f} vs {sum(one):.2f} s: ceiling {sum(per) / sum(one):.2f}× (issue target ≥ 5×)")
+
+
 def main() -> None:
     threads = Study("bench", Path("bench.toml"), plan_study(OPD_GRID)).threads  # the study's: 1 by default
     _sweep(OPD_GRID)  # warm-up: imports, caches
@@ -90,6 +144,7 @@ def main() -> None:
     print(f"(c) static sweep of {len(SPECS)} specs on SmolLM2-135M, the 36 prompts teacher-forced: {static_wall:.2f} s, "
           f"of which loading the model {load:.2f} s; vs 1 + {len(SPECS)} bare forward passes {bare:.2f} s: ratio "
           f"{(static_wall - load) / bare:.2f} without loading, {static_wall / bare:.2f} with it (target ≤ 1.15)")
+    batching_ceiling()
 
 
 if __name__ == "__main__":

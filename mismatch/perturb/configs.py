@@ -72,16 +72,20 @@ class FP8Config:
         return 8.0
 
 
+INT_BITS = (8, 4, 3, 2)
+
+
 @dataclass(frozen=True, kw_only=True)
 class IntConfig:
-    """Symmetric integer rounding: `bits` 8 | 4, `granularity` channel | groupN."""
+    """Symmetric integer rounding: `bits` 8 | 4 | 3 | 2 (2 bits: the ternary {−1, 0, 1}·s), `granularity`
+    channel | groupN."""
 
     bits: int
     granularity: str
 
     def __post_init__(self) -> None:
-        if self.bits not in (8, 4):
-            raise InputError(f"integer rounding supports 8 or 4 bits, got {self.bits}")
+        if self.bits not in INT_BITS:
+            raise InputError(f"integer rounding supports {', '.join(map(str, INT_BITS))} bits, got {self.bits}")
         if self.granularity != "channel" and not (
                 self.granularity.startswith("group") and self.granularity[5:].isdigit()
                 and int(self.granularity[5:]) > 0):

@@ -112,11 +112,12 @@ register_kind(Kind(
               "fp8-e5m2:channel", "fp8-e5m2:block128,w8a8")))
 
 register_kind(Kind(
-    names=("int8", "int4"), config=IntConfig, parse=IntConfig.from_spec, apply=_apply_int_,
-    backend=Backend.TORCH, usage=("int8:channel", "int4:group128", "…:groupN"),
+    names=("int8", "int4", "int3", "int2"), config=IntConfig, parse=IntConfig.from_spec, apply=_apply_int_,
+    backend=Backend.TORCH, usage=("int8:channel", "int4:group128", "int3:…", "int2:…", "…:groupN"),
     description="symmetric integer rounding in torch, one absmax scale per output channel or per group of N "
-                "input columns",
-    examples=("int8:channel", "int4:group128", "int4:group32", "int8:group128", "int4:channel")))
+                "input columns (int2: the ternary {−1, 0, 1}·scale)",
+    examples=("int8:channel", "int4:group128", "int4:group32", "int8:group128", "int4:channel", "int3:group32",
+              "int2:group32")))
 
 register_kind(Kind(
     names=("dtype",), config=DtypeConfig, parse=DtypeConfig.from_spec, apply=_apply_dtype_,

@@ -84,7 +84,7 @@ def _slow_int(w, bits, group):
     return out
 
 
-@pytest.mark.parametrize("bits,group", [(8, None), (4, 128), (4, 32), (8, 128)])
+@pytest.mark.parametrize("bits,group", [(8, None), (4, 128), (4, 32), (8, 128), (3, 32), (3, None), (2, 32), (2, 128)])
 def test_int_rounding_matches_loop(bits, group):
     w = _weight(6, 300)  # 300 is not a multiple of 128: a short last group
     got = round_int(w, bits, group)
