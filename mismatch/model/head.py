@@ -126,8 +126,30 @@ class HeadInputs:
     last_logits_BV: torch.Tensor  # the model's own fp32 logits there
 
 
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a separate pass
+
+
+def shared_prefix(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """`(P, first_B)`: the number of leading attended tokens every row shares (the same token ids right
+    after each row's left padding: a system prompt, a context every prompt carries) and each row's
+    first attended position. P stops before each row's last attended token, so every row keeps at least
+    one token of its own."""
+    attn_BT = attention_mask_BT.bool()
+    first_B = attn_BT.int().argmax(1)
+    counts_B = attn_BT.sum(1)
+    limit = int(counts_B.min()) - 1
+    if input_ids_BT.shape[0] < 2 or limit < 1:
+        return 0, first_B
+    span = torch.arange(limit)
+    rows_BP = input_ids_BT.gather(1, first_B[:, None] + span[None, :])
+    same_P = (rows_BP == rows_BP[:1]).all(0) & attn_BT.gather(1, first_B[:, None] + span[None, :]).all(0)
+    differs = (~same_P).nonzero()
+    return (int(differs[0]) if len(differs) else limit), first_B
+
+
 def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
-                index_N: torch.Tensor, *, on_layer: Callable[[int, torch.Tensor], None] | None = None) -> HeadInputs:
+                index_N: torch.Tensor, *, on_layer: Callable[[int, torch.Tensor], None] | None = None,
+                share_prefix: bool = False) -> HeadInputs:
     """Run `model` once, keeping its output head's input rows `[N, D]` at flat positions `index_N`.
 
     The model's own head runs on the last position only, so no `[B, T, V]` logits exist; apply
@@ -140,10 +162,21 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
         index_N: flat indices into `[B*T]` (`positions.response_index`).
         on_layer: called as `on_layer(index, hidden_ND)` with fp32 rows at `index_N` of the
             embedding (0), each decoder block (1..L) and the final norm (L+1).
+        share_prefix: when every row starts with the same ≥ `MIN_SHARED_PREFIX` tokens before any
+            requested position (`shared_prefix`: a teacher's context turns), run them once and every row's own tokens after them on that KV
+            cache (without gradients only). The same numbers up to fp32 rounding (attention and matmul
+            sums over other shapes), at a fraction of the cost when the prefix is most of each row.
 
     Raises:
         InputError: the model feeds its head something other than `[B, T, D]`.
     """
+    if share_prefix and not torch.is_grad_enabled():
+        P, first_B = shared_prefix(input_ids_BT, attention_mask_BT)
+        T = input_ids_BT.shape[1]
+        if len(index_N):  # every requested position stays out of the prefix (identical prompts share more)
+            P = min(P, int((index_N % T - first_B[index_N // T]).min()))
+        if P >= MIN_SHARED_PREFIX:
+            return _head_inputs_after_prefix(model, input_ids_BT, attention_mask_BT, index_N, P, first_B, on_layer)
     layout = model_layout(model)
     B, T = input_ids_BT.shape
     kept: dict[str, torch.Tensor] = {}
@@ -163,4 +196,47 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
     with capture(layout, layer_hook, on_head_input):
         out = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
                     position_ids=position_ids(attention_mask_BT), use_cache=False)
+    return HeadInputs(kept["rows"], kept["last"], out.logits[:, -1, :].detach().float())
+
+
+def _head_inputs_after_prefix(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                              index_N: torch.Tensor, P: int, first_B: torch.Tensor,
+                              on_layer: Callable[[int, torch.Tensor], None] | None) -> HeadInputs:
+    """`head_inputs` when every row starts with the same P tokens: one pass over them with a KV cache,
+    repeated for every row, then one pass over the window `[B, W]` that holds each row's own tokens
+    (positions T − W … T − 1, the rest of each row masked), so a position t of the batch is window
+    position t − (T − W) in every row."""
+    from transformers import DynamicCache
+
+    B, T = input_ids_BT.shape
+    start = int(first_B.min()) + P  # the window: from the earliest first own token to the end
+    W = T - start
+    row_start_B = first_B + P
+    window_mask_BW = attention_mask_BT[:, start:].clone()
+    window_mask_BW[torch.arange(W)[None, :] + start < row_start_B[:, None]] = 0  # another row's prefix span
+    prefix_ids = input_ids_BT[:1, int(first_B[0]):int(first_B[0]) + P]
+    cache = DynamicCache()
+    model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), position_ids=torch.arange(P)[None, :],
+          cache=cache, use_cache=True)
+    cache.batch_repeat_interleave(B)
+    mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype), window_mask_BW], 1)
+    positions_BW = position_ids(mask_BL)[:, P:]
+    layout = model_layout(model)
+    t_N = index_N % T
+    window_index_N = (index_N // T) * W + t_N - start
+    kept: dict[str, torch.Tensor] = {}
+
+    def on_head_input(hidden_BWD: torch.Tensor) -> torch.Tensor:
+        kept["rows"] = hidden_BWD.reshape(B * W, -1).index_select(0, window_index_N)
+        kept["last"] = hidden_BWD[:, -1, :].detach().clone()
+        return hidden_BWD[:, -1:, :]
+
+    layer_hook = None
+    if on_layer is not None:
+        def layer_hook(index: int, hidden_BWD: torch.Tensor) -> None:
+            on_layer(index, hidden_BWD.reshape(B * W, -1).index_select(0, window_index_N).float())
+
+    with capture(layout, layer_hook, on_head_input):
+        out = model(input_ids=input_ids_BT[:, start:], attention_mask=mask_BL, position_ids=positions_BW,
+                    cache=cache, use_cache=True, cache_position=torch.arange(P, P + W))
     return HeadInputs(kept["rows"], kept["last"], out.logits[:, -1, :].detach().float())

@@ -50,8 +50,9 @@ Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest 
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps
 
 
-def _hidden(model, batch: Batch) -> torch.Tensor:
-    return head_inputs(model, batch.input_ids, batch.attention_mask, response_index(batch.response_mask)).rows_ND
+def _hidden(model, batch: Batch, *, share_prefix: bool = False) -> torch.Tensor:
+    return head_inputs(model, batch.input_ids, batch.attention_mask, response_index(batch.response_mask),
+                       share_prefix=share_prefix).rows_ND
 
 
 @dataclass
@@ -62,9 +63,10 @@ class StepResult:
 
 
 def teacher_hidden(teacher, teacher_batch: Batch) -> torch.Tensor:
-    """The teacher's head inputs `[N, D]` at the response tokens' predicting positions, no grad."""
+    """The teacher's head inputs `[N, D]` at the response tokens' predicting positions, no grad; the
+    tokens every row starts with (its context turns) run once (`head_inputs(share_prefix=True)`)."""
     with torch.no_grad():
-        return _hidden(teacher, teacher_batch)
+        return _hidden(teacher, teacher_batch, share_prefix=True)
 
 
 def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: torch.Tensor, logp_rollout_N: torch.Tensor,
@@ -127,7 +129,8 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     rewards = batch_rewards(batch, student.tokenizer, task, prompts) if task is not None else []
     t_batch = batch if teacher_context == student_context else reprompt(
         batch, teacher.tokenizer, prompts, chat=chat, context=teacher_context)
-    student_hidden_ND, teacher_hidden_ND = _hidden(student.model, batch), _hidden(teacher.model, t_batch)
+    student_hidden_ND = _hidden(student.model, batch, share_prefix=True)
+    teacher_hidden_ND = _hidden(teacher.model, t_batch, share_prefix=True)
     teacher_chunks = logprob_chunks(Head.of(teacher.model), teacher_hidden_ND, chunk_tokens)
     total = 0.0
     for _, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
