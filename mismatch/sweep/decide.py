@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -95,9 +95,10 @@ def _ids(configs: Sequence[OPDConfig]) -> dict[str, OPDConfig]:
     return {run_id("opd", run_columns(c)): c for c in configs}
 
 
-def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: int,
+def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: int | Callable[[OPDConfig], int],
                tolerance: Tolerance = DEFAULT_TOLERANCE) -> Round:
     """The round after `configs` (the runs planned so far), judged on their rows among `rows`.
+    `max_seeds`: the cap, or the cap of a level's run (`Plan.max_seeds`: a block's own).
 
     Only the runs of `configs` are judged (a dataset may hold other studies' runs). A level whose
     runs are not all on disk is judged as it stands; the caller runs a round's runs before asking for
@@ -122,9 +123,10 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
             continue
         configs_of = planned[key]
         seeds_planned = sorted({c.seed for c in configs_of})
-        if len(seeds_planned) >= max_seeds:
+        cap = min(max_seeds(c) for c in configs_of) if callable(max_seeds) else max_seeds
+        if len(seeds_planned) >= cap:
             continue
-        target = next_seed_count(int(level["seeds"]), _straddling(pd.Series(level), tolerance), max_seeds)
+        target = next_seed_count(int(level["seeds"]), _straddling(pd.Series(level), tolerance), cap)
         extra = target - len(seeds_planned)
         if extra <= 0:
             continue
@@ -146,7 +148,8 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
     return Round(tuple(added), tuple(grown))
 
 
-def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, dict], *, max_seeds: int,
+def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, dict], *,
+           max_seeds: int | Callable[[OPDConfig], int],
            tolerance: Tolerance = DEFAULT_TOLERANCE) -> tuple[tuple[OPDConfig, ...], list[Round]]:
     """Replay the rounds on disk after the planned `configs`: while every run so far has ended (done or
     failed in the sweep's `ledger`, `mismatch.sweep.tasks.read_ledger`), the next round is judged on

@@ -45,7 +45,8 @@ def with_rounds(study: Study, out: str | Path, *, max_seeds: int) -> tuple[Study
     rows = read_results(out) if has_parts else None
     if rows is None:
         return study, []
-    opd, found = rounds(study.plan.opd, rows, read_ledger(out), max_seeds=max_seeds)
+    opd, found = rounds(study.plan.opd, rows, read_ledger(out),
+                        max_seeds=lambda config: study.plan.max_seeds(config, max_seeds))
     return dataclasses.replace(study, plan=dataclasses.replace(study.plan, opd=opd)), found
 
 

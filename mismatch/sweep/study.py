@@ -26,6 +26,9 @@
     [dynamic.settings]            # any other OPDConfig field, shared by every run
     steps = 40
 
+A `[dynamic]` block may set its own `max_seeds` (the cap of adaptive rounds for its levels: an
+expensive pair's levels can stop earlier than the study's).
+
 Every dynamic run gets its clean baseline (the same configuration with clean rollouts) in the plan,
 so every run can be judged against the clean run that shares every other field. `threads` is part
 of the study: fp32 sums, hence OPD trajectories, depend on torch's thread count, so every task runs
@@ -50,7 +53,7 @@ from mismatch.files import read_toml
 
 STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}
-DYNAMIC_KEYS = {"pairs", "rollouts", "losses", "lrs", "tis_caps", "seeds", "settings"}
+DYNAMIC_KEYS = {"pairs", "rollouts", "losses", "lrs", "tis_caps", "seeds", "settings", "max_seeds"}
 GRID_FIELDS = {"pair", "rollout", "loss", "lr", "tis_cap", "seed"}  # set by the grid, not by settings
 TOP_KEYS = ("name", "threads", "decide", "max_seeds", "static", "dynamic")
 
@@ -62,6 +65,12 @@ class Plan:
 
     probes: tuple[ProbeConfig, ...]
     opd: tuple[OPDConfig, ...]
+    seed_caps: tuple[tuple[OPDConfig, int], ...] = ()  # (run at seed 0, its block's max_seeds) where a block sets one
+
+    def max_seeds(self, config: OPDConfig, default: int) -> int:
+        """The most seeds adaptive rounds give `config`'s level: its block's `max_seeds`, else `default`."""
+        caps = dict(self.seed_caps)
+        return caps.get(dataclasses.replace(config, seed=0), default)
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,9 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
 
 def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     where = f"{where}: [dynamic]"
+    cap = part.get("max_seeds")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 2):
+        raise InputError(f"{where}: max_seeds must be a whole number ≥ 2, got {cap!r}")
     settings = part.get("settings", {})
     if not isinstance(settings, dict):
         raise InputError(f"{where}.settings must be a table of OPD settings, got {settings!r}")
@@ -201,10 +213,17 @@ def plan_study(cfg: dict, *, where: str = "study", base_dir: Path = Path(".")) -
     if "static" not in cfg and "dynamic" not in cfg:
         raise InputError(f"{where}: a study needs a [static] or a [dynamic] table")
     static = [c for part, label in _blocks(cfg, "static", STATIC_KEYS, where) for c in _static(part, label, base_dir)]
-    dynamic = [c for part, label in _blocks(cfg, "dynamic", DYNAMIC_KEYS, where) for c in _dynamic(part, label)]
+    dynamic, caps = [], {}
+    for part, label in _blocks(cfg, "dynamic", DYNAMIC_KEYS, where):
+        runs = _dynamic(part, label)
+        dynamic += runs
+        if "max_seeds" in part:
+            for run in runs:
+                if not run.is_clean:  # a level's cap; clean twins follow their levels
+                    caps[dataclasses.replace(run, seed=0)] = int(part["max_seeds"])
     if not static and not dynamic:
         raise InputError(f"{where}: the study plans no run (its [static] and [dynamic] tables are empty)")
-    return Plan(tuple(dict.fromkeys(static)), tuple(dict.fromkeys(dynamic)))
+    return Plan(tuple(dict.fromkeys(static)), tuple(dict.fromkeys(dynamic)), tuple(caps.items()))
 
 
 def load_study(path: str | Path) -> Study:

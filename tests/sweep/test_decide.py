@@ -135,3 +135,15 @@ def test_a_study_with_decide_adds_seeds_until_the_cap_and_the_dry_run_shows_the_
     assert sorted(set(zip(rows["rollout"], rows["seed"]))) == [(r, s) for r in ("noise:0.05", "none") for s in range(3)]
     assert {r["status"] for r in read_ledger(out).values()} == {"done"}
     assert run_study(study, out, resume=True, decide=True, max_seeds=3).ran == ()  # at the cap: nothing more
+
+
+def test_a_block_caps_its_own_levels_seeds(tmp_path):
+    """`max_seeds` in a [dynamic] block: its levels stop there, the others at the study's cap."""
+    path = tmp_path / "caps.toml"
+    path.write_text(STUDY.replace('rollouts = ["noise:0.05"]', 'rollouts = ["noise:0.05"]\nmax_seeds = 2'))
+    plan = load_study(path).plan
+    (noisy,) = [c for c in plan.opd if not c.is_clean]
+    assert plan.max_seeds(noisy, 10) == 2 and plan.max_seeds(dataclasses.replace(noisy, rollout="fp8-e4m3"), 10) == 10
+    configs, rows = _rows(DELTAS)
+    capped = next_round(configs, rows, max_seeds=lambda c: 4 if c.rollout == "stale:1" else 10)
+    assert {c.seed for c in capped.runs} == {3} and capped.levels[0][2] == 4
