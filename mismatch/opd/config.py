@@ -49,6 +49,7 @@ class OPDConfig:
     eval_prompts: int = 128
     eval_every: int = 10
     eval_greedy: bool = True  # also score greedy responses (`heldout_greedy_accuracy`): one more generation
+    eval_probe: int = 64  # held-out samples the rollout copy is probed on against the student at each evaluation (0: off)
     clip: float = 2.0  # is_ratio_outside_frac counts r outside [1/clip, clip]
     chunk_tokens: int = 1024
     seed: int = 0
@@ -57,6 +58,8 @@ class OPDConfig:
         get_loss(self.loss)  # an unknown loss: one line naming the registered ones
         if self.staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
+        if self.eval_probe < 0:
+            raise ValueError(f"eval_probe must be ≥ 0, got {self.eval_probe}")
         for name in ("steps", "batch_size", "train_prompts", "eval_prompts", "eval_every", "chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")

@@ -103,12 +103,14 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     out = []
     for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
-        group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl"]].mean()
+        group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl",
+                                                                   "copy_kl_fwd_mean"]].mean()
         acc, acc_hw = t_interval(group["acc_delta"].dropna())
         kl, kl_hw = t_interval(group["kl_ratio"].dropna())
         judged_as = tolerance.judge(kl, kl_hw, acc, acc_hw).word(TOLERANCE_WORDS)  # the one interval rule
         out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
-                    "mismatch_kl": float(group["mismatch_kl"].mean()), "acc_delta": acc, "acc_delta_hw": acc_hw,
+                    "mismatch_kl": float(group["mismatch_kl"].mean()), "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),
+                    "acc_delta": acc, "acc_delta_hw": acc_hw,
                     "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as,
                     "acc_margin": acc + tolerance.acc_tol, "kl_margin": 1 + tolerance.kl_tol - kl,
                     "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna())))})

@@ -258,6 +258,37 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+COPY_PROBE_METRICS = ("kl_fwd_mean", "kl_fwd_p99", "kl_rev_mean", "tv_mean", "top1_agree")
+
+
+def probe_copy(run: OPDRun) -> dict[str, float]:
+    """The rollout copy as it is now (quantized, noisy, stale, an engine) probed against the student
+    with the probe code (`mismatch.probes.core.probe`) on the student's temperature-1 samples of the first
+    `eval_probe` held-out prompts (their own seed, fixed across steps): the
+    full-vocabulary per-token metrics (`copy_kl_fwd_mean`, …, `copy_top1_agree`) and, for a copy in
+    PyTorch, the relative L2 error of every layer's hidden states (`copy_rel_l2_mean` over layers,
+    `copy_rel_l2_final` of the last). Nothing when the copy is the student itself (clean, reuse,
+    resample: every such metric is 0 by construction) or `eval_probe` is 0. The same statistics a
+    static probe gives a format, so every source — staleness too — has them."""
+    from mismatch.probes.core import probe
+
+    copy, cfg = run.rollout_copy, run.config
+    if cfg.eval_probe == 0 or (copy.is_student and copy.engine is None):
+        return {}
+    pair = run.pair
+    samples = generate(run.student, run.eval_set[:cfg.eval_probe], max_new_tokens=run.max_new_tokens, temperature=1.0,
+                       seed=cfg.seed + EVAL_SEED_OFFSET + 1, chat=pair.chat, context=pair.student_context)
+    external = copy.engine is not None
+    result = probe(run.student.model, copy.engine if external else copy.model, samples.input_ids,
+                   samples.attention_mask, samples.response_mask, per_layer=not external, clip=cfg.clip,
+                   chunk_tokens=cfg.chunk_tokens)
+    out = {f"copy_{k}": result.summary[k] for k in COPY_PROBE_METRICS}
+    if not external:
+        rel = result.per_layer["rel_l2"].astype(float)
+        out.update(copy_rel_l2_mean=float(rel.mean()), copy_rel_l2_final=float(rel.iloc[-1]))
+    return out
+
+
 def evaluate(run: OPDRun) -> dict[str, float]:
     """Step 5: held-out reverse KL and, with a task, sampled exact match with its standard error
     (`heldout_accuracy`, `heldout_accuracy_se`: `mean_se`) and (`eval_greedy`) greedy exact match, and for
@@ -376,7 +407,8 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         student's temperature-1 samples) with its standard error heldout_accuracy_se, for a task with
         one correct response heldout_expected_accuracy (the same exact match's expectation, computed
         without sampling: the accuracy verdicts compare there, `mismatch.opd.verdict.accuracy_metric`)
-        and, with `eval_greedy`, heldout_greedy_accuracy.
+        and, with `eval_greedy`, heldout_greedy_accuracy; with `eval_probe`, the rollout copy probed
+        against the student on held-out samples (`probe_copy`: copy_kl_fwd_mean, …, copy_rel_l2_final).
 
     Raises:
         NumericsError: the loss became NaN/Inf (the rows up to that step are emitted first).
@@ -390,11 +422,11 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         if on_rows is not None:
             on_rows(new)
 
-    emit(0, initial_evaluation(run, eval_cache if pair is None else None))
+    emit(0, {**initial_evaluation(run, eval_cache if pair is None else None), **probe_copy(run)})
     for step in range(1, config.steps + 1):
         metrics = opd_step(run, step)
         if step % config.eval_every == 0 or step == config.steps:
-            metrics.update(evaluate(run))
+            metrics.update(evaluate(run), **probe_copy(run))
         if step == config.steps:  # marked in the run's own rows: the held-out KL ended far above its start
             metrics["diverged"] = float(diverged([*rows, *({"step": step, "metric": k, "value": v}
                                                            for k, v in metrics.items())]))

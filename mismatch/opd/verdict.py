@@ -108,7 +108,8 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
 
     Columns: run_id, pair, rollout (label), clean (bool), seed, baseline (run_id of the clean run it is
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
-    the rollout tokens, nats), mismatch_logp_abs_diff_mean, heldout_rkl (final, nats),
+    the rollout tokens, nats), mismatch_logp_abs_diff_mean, copy_kl_fwd_mean (mean over the evaluations
+    after step 0 of the rollout copy's full-vocabulary KL to the student, `trainer.probe_copy`; NaN without), heldout_rkl (final, nats),
     heldout_accuracy (final, fraction: the study's accuracy, `accuracy_metric`, which names it), kl_ratio, acc_delta (fraction), tolerated (None for clean
     runs and runs without a baseline; one run's comparison — `mismatch.opd.tolerance.run_verdicts` gives
     the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
@@ -128,6 +129,7 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
                       "baseline": base_id if not is_clean else cfg["run_id"],
                       "mismatch_kl": mean_value(metrics, "mismatch_kl"),
                       "mismatch_logp_abs_diff_mean": mean_value(metrics, "mismatch_logp_abs_diff_mean"),
+                      "copy_kl_fwd_mean": mean_value([m for m in metrics if m["step"] > 0], "copy_kl_fwd_mean"),
                       "heldout_rkl": final_value(metrics, "heldout_rkl"),
                       "heldout_accuracy": final_value(metrics, accuracy), "accuracy_metric": accuracy,
                       "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),

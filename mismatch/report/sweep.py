@@ -235,10 +235,24 @@ def static_dynamic_points(students: pd.DataFrame, levels: pd.DataFrame) -> pd.Da
                          right_on=["pair", "perturb"])
 
 
-def static_dynamic_figure(joined: pd.DataFrame):
-    """Each format's static probe kl_fwd_mean on a pair's student vs its dynamic Δ accuracy
-    (`static_dynamic_points`)."""
-    fig, ax = subplots(1, figsize=(7, 5))
+def static_dynamic_figure(joined: pd.DataFrame, levels: pd.DataFrame | None = None):
+    """Left: each format's static probe kl_fwd_mean on a pair's student vs its dynamic Δ accuracy
+    (`static_dynamic_points`). Right (when `levels` has in-run probes of the rollout copy,
+    `copy_kl_fwd_mean`): every level — staleness and noise too — at its copy's probed KL during the run."""
+    probed = levels[levels["copy_kl_fwd_mean"] > 0] if levels is not None and "copy_kl_fwd_mean" in levels else None
+    fig, axes = subplots(2 if probed is not None and len(probed) else 1, figsize=(13 if probed is not None else 7, 5))
+    ax = axes[0] if isinstance(axes, (list, tuple, np.ndarray)) else axes
+    if probed is not None and len(probed):
+        right = axes[1]
+        pairs = sorted(probed["pair"].unique())
+        for (source, pair), part in probed.groupby(["source", "pair"]):
+            right.errorbar(part["copy_kl_fwd_mean"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"],
+                           linestyle="none", marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=family_color(source),
+                           capsize=2, label=f"{source} · {pair}")
+        right.axhline(0, color="black", linewidth=0.6)
+        right.set_xscale("log")
+        style_axes(right, xlabel="in-run probe of the rollout copy: mean KL(student ‖ copy) per token (nats)",
+                   ylabel="Δ final held-out accuracy (points)", legend=True)
     for i, (pair, part) in enumerate(joined.groupby("pair")):
         ax.errorbar(part["kl_fwd_mean"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
                     marker=MARKERS[i % len(MARKERS)], capsize=2, label=pair)
@@ -326,7 +340,7 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: To
         written.append(save_figure(block_figure(students), out_dir / "block_sensitivity.png"))
     joined = static_dynamic_points(students, levels) if len(students) else pd.DataFrame()
     if len(joined):
-        written.append(save_figure(static_dynamic_figure(joined), out_dir / "static_vs_dynamic.png"))
+        written.append(save_figure(static_dynamic_figure(joined, levels), out_dir / "static_vs_dynamic.png"))
     elif levels["source"].isin(CATEGORICAL_SOURCES).any():  # nothing to plot: said in the report, no empty figure
         with written[0].open("a") as md:
             md.write("\nNo `static_vs_dynamic.png`: no static probe of a pair's student shares a format with a "

@@ -286,7 +286,7 @@ HIDDEN = {
     "opd": {name: "set in a study's [dynamic.settings] (`mismatch sweep`)" for name in (
         "rollout",  # given as --rollout (repeatable: one run per spec)
         "warmup_steps", "decay", "final_lr_frac", "weight_decay", "adam_beta1", "grad_clip", "max_new_tokens",
-        "train_prompts", "eval_greedy", "clip", "chunk_tokens")},
+        "train_prompts", "eval_greedy", "eval_probe", "clip", "chunk_tokens")},
     "check": {"chat": "decided by the tokenizer (a chat template means chat), as the study's calibration was"},
 }
 RENAMED = {"probe": {"text": "texts"}}  # CLI option → config field

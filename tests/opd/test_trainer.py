@@ -276,10 +276,39 @@ def test_step_zero_is_evaluated_once_per_seed_and_read_back_bit_for_bit(tmp_path
     noisy_cfg = OPDConfig(**SHORT, rollout="noise:0.1", lr=3e-3)
     noisy = train(noisy_cfg, eval_cache=cache)
     assert calls == ["none", "none", "noise:0.1"]  # step 0 once, then each run's final evaluation
-    assert [r for r in noisy if r["step"] == 0] == [r for r in clean if r["step"] == 0]
+    shared = lambda rows: [r for r in rows if r["step"] == 0 and not r["metric"].startswith("copy_")]  # noqa: E731
+    assert shared(noisy) == shared(clean)  # the copy's own probe is the run's, not shared
     assert strip(noisy) == strip(train(noisy_cfg))  # without the cache: the same rows, bit for bit
     (entry,) = cache.glob("*.json")
     entry.write_text("{not json")
     assert strip(train(noisy_cfg, eval_cache=cache)) == strip(noisy)
     other_seed = train(OPDConfig(**{**SHORT, "seed": 1}), eval_cache=cache)
     assert len(list(cache.glob("*.json"))) == 2 and other_seed[0] != clean[0]
+
+
+def test_every_evaluation_probes_the_rollout_copy_as_a_static_probe_would():
+    """Step 0 of an int4 run: the copy's probe metrics are those of `mismatch.probe` of the same spec on
+    the same held-out samples; a stale copy is the student at step 0 (exactly 0) and not after updates;
+    a clean run (the copy is the student) and `eval_probe = 0` record none."""
+    from mismatch.model.generate import generate as gen
+    from mismatch.opd.trainer import EVAL_SEED_OFFSET, setup
+    from mismatch.perturb import perturbed
+
+    cfg = OPDConfig(**{**SHORT, "eval_probe": 8}, rollout="int4:group128")
+    rows = train(cfg)
+    run = setup(cfg)
+    pair = run.pair
+    samples = gen(pair.student, run.eval_set[:8], max_new_tokens=run.max_new_tokens, temperature=1.0,
+                  seed=cfg.seed + EVAL_SEED_OFFSET + 1, chat=pair.chat, context=pair.student_context)
+    reference = mismatch.reference(pair.student.model, samples.input_ids, samples.attention_mask, samples.response_mask)
+    with perturbed(pair.student.model, "int4:group128", seed=cfg.seed):
+        want = mismatch.probe(reference, pair.student.model)
+    assert _by(rows, "copy_kl_fwd_mean")[0] == pytest.approx(want.summary["kl_fwd_mean"], rel=1e-9)
+    assert _by(rows, "copy_top1_agree")[0] == pytest.approx(want.summary["top1_agree"], rel=1e-9)
+    assert _by(rows, "copy_rel_l2_final")[0] == pytest.approx(float(want.per_layer["rel_l2"].iloc[-1]), rel=1e-9)
+    assert _by(rows, "copy_kl_fwd_mean")[0] > 0 and set(_by(rows, "copy_kl_fwd_mean")) == {0, SHORT["steps"]}
+    stale = train(OPDConfig(**{**SHORT, "eval_probe": 8}, rollout="stale:1"))
+    assert _by(stale, "copy_kl_fwd_mean")[0] == 0.0 and _by(stale, "copy_top1_agree")[0] == 1.0
+    assert _by(stale, "copy_kl_fwd_mean")[SHORT["steps"]] > 0  # one update behind
+    for quiet in (OPDConfig(**{**SHORT, "eval_probe": 8}), OPDConfig(**{**SHORT, "eval_probe": 0}, rollout="int4:group128")):
+        assert not any(r["metric"].startswith("copy_") for r in train(quiet))

@@ -17,6 +17,8 @@ CANONICAL = {
     "int8:channel": {"bits": 8, "granularity": "channel"},
     "int4:group128": {"bits": 4, "granularity": "group128"},
     "int4:group32": {"bits": 4, "granularity": "group32"},
+    "int3:group32": {"bits": 3, "granularity": "group32"},
+    "int2:channel": {"bits": 2, "granularity": "channel"},
     "dtype:bf16": {"dtype": "bf16"},
     "dtype:fp16": {"dtype": "fp16"},
     "noise:0": {"sigma": 0.0},
@@ -63,6 +65,6 @@ def test_bad_specs(spec, message):
 
 
 def test_every_kind_is_registered_in_order():
-    assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "dtype", "noise", "bnb-int8", "bnb-nf4",
+    assert KINDS == ("fp8-e4m3", "fp8-e5m2", "int8", "int4", "int3", "int2", "dtype", "noise", "bnb-int8", "bnb-nf4",
                      "bnb-fp4", "quanto-int8", "quanto-int4", "quanto-fp8")
     assert {spec.partition(":")[0] for spec in CANONICAL} == set(KINDS)
