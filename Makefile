@@ -67,9 +67,12 @@ RESULTS := results
 # The study of sweeps/paper.toml (static probes of the three students and SmolLM2 under every spec,
 # OPD under quantized, stale, noisy and reused rollouts with three seeds) as Ray tasks on 2 workers;
 # --resume: an interrupted run continues where it stopped (tasks are keyed by config, data and version).
+# The study decides its levels (`decide = true`: adaptive seeds in rounds); the time it took is printed last.
 reproduce-figures: $(STAMP)
-	$(BIN)/mismatch sweep sweeps/paper.toml --out $(RESULTS)/paper --workers 2 --resume
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
+	@start=$$(date +%s); \
+	$(BIN)/mismatch sweep sweeps/paper.toml --out $(RESULTS)/paper --workers 2 --resume && \
+	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports; rc=$$?; \
+	took=$$(( $$(date +%s) - start )); echo "reproduce-figures: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # The study's engine rows (sweeps/engines.toml: llama.cpp beside its simulated twins) into the same dataset,
 # after the main study (resumed: nothing done is run again), then the reports of both.

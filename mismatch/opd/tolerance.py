@@ -39,6 +39,11 @@ VERDICTS = ("tolerated", "uncertain", "not tolerated")
 NOT_SETTINGS = {"pair", "seed", "pair_sha256", "eval_every", "chunk_tokens", "clip"}  # never a grid axis
 
 
+def t975(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with `df` ≥ 1 degrees of freedom (1.96 beyond 30)."""
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
 def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
     """Mean and half-width of the two-sided 95% Student-t interval of the mean (NaN half-width for
     fewer than two values; the normal 1.96 beyond 30 degrees of freedom)."""
@@ -47,9 +52,7 @@ def t_interval(values: list[float] | np.ndarray) -> tuple[float, float]:
         return math.nan, math.nan
     if len(x) < 2:
         return float(x.mean()), math.nan
-    df = len(x) - 1
-    t = _T975[df - 1] if df <= len(_T975) else 1.96
-    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(len(x)))
+    return float(x.mean()), float(t975(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
 
 
 def source_level(rollout: str, staleness: int = 0) -> tuple[str, object]:

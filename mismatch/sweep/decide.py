@@ -33,7 +33,7 @@ import pandas as pd
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.opd.tolerance import _T975, analyse
+from mismatch.opd.tolerance import analyse, t975
 from mismatch.results import run_id
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -47,10 +47,6 @@ class Round:
 
     runs: tuple[OPDConfig, ...]
     levels: tuple[tuple[tuple, int, int], ...]
-
-
-def _t(n: int) -> float:
-    return _T975[n - 2] if 2 <= n <= len(_T975) + 1 else 1.96
 
 
 def next_seed_count(seeds: int, spreads: Sequence[tuple[float, float]], max_seeds: int) -> int:
@@ -71,7 +67,7 @@ def next_seed_count(seeds: int, spreads: Sequence[tuple[float, float]], max_seed
     need = seeds
     for distance, sd in spreads:
         n = seeds
-        while n < 2 * seeds and not (_t(n) * sd / math.sqrt(n) < distance):
+        while n < 2 * seeds and not (t975(n - 1) * sd / math.sqrt(n) < distance):
             n += 1
         need = max(need, n)
     return min(max_seeds, max(seeds + 2, min(need, 2 * seeds)))
@@ -87,7 +83,7 @@ def _straddling(level: pd.Series, tolerance: Tolerance) -> list[tuple[float, flo
             continue
         distance = abs(float(mean) - limit)
         if distance <= float(half):  # the interval reaches the threshold: this statistic is undecided
-            out.append((distance, float(half) * math.sqrt(n) / _t(n)))
+            out.append((distance, float(half) * math.sqrt(n) / t975(n - 1)))
     return out
 
 
