@@ -34,6 +34,7 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042)
 LEVEL_SOURCES = ("noise", "stale", "reuse")  # sources with a numeric level
+NOISE_FLOOR_SOURCE = "A/A"  # `resample:S`: clean against clean, only the rollout samples changed
 CATEGORICAL_SOURCES = ("format", "engine")  # levels are specs, ordered by stored bits per weight
 VERDICTS = ("tolerated", "uncertain", "not tolerated")
 NOT_SETTINGS = {"pair", "seed", "pair_sha256", "eval_every", "chunk_tokens", "clip"}  # never a grid axis
@@ -127,9 +128,6 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     return frame.drop(columns="order").reset_index(drop=True)
 
 
-NOISE_FLOOR_SOURCE = "A/A"  # `resample:S`: clean against clean, only the rollout samples changed
-
-
 def noise_floor(runs: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
     """Per pair × settings, the spread any mismatch is judged against: the clean runs' finals over seeds
     (mean and sd of the study's accuracy, in points, and of the held-out KL) and the A/A level
@@ -214,9 +212,11 @@ def kept_up(levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
 def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
     """Per pair × source × settings: the levels tested, the largest tolerated with every smaller level
     tolerated too (formats: the cheapest tolerated, by stored bits per weight), the first level not
-    tolerated, and the uncertain ones with their seeds (`undecided at N seeds`)."""
+    tolerated, and the uncertain ones with their seeds (`undecided at N seeds`). The A/A level is not a
+    rung of any ladder: it is reported with the noise floor (`noise_floor`)."""
     out = []
-    for (pair, source, settings), group in levels.groupby(["pair", "source", "settings"], sort=False):
+    ladders = levels[levels["source"] != NOISE_FLOOR_SOURCE]  # the A/A level is the noise floor's (`noise_floor`)
+    for (pair, source, settings), group in ladders.groupby(["pair", "source", "settings"], sort=False):
         verdict = dict(zip(group["level"], group["verdict"]))
         tested = list(group["level"])
         if source in CATEGORICAL_SOURCES:  # an engine's bits hold only where its export could use the type

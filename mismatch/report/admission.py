@@ -31,10 +31,11 @@ def admission_markdown(t: Thresholds) -> str:
              "are listed but place no limit), "
              f"{prov.get('fitted_with', '')}.", "",
              "## Limits (admit when the statistic ≤ limit)", "",
-             "| statistic | limit | pinned to |", "|---|---|---|"]
+             "| statistic | limit | pinned to | width |", "|---|---|---|---|"]
     for s, limit in t.limits.items():
         lo, hi = t.brackets.get(s, [math.nan, math.nan])
-        lines.append(f"| {s}{' (default gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] |")
+        width = f"×{hi / lo:.2g}" if lo > 0 and hi == hi else "—"  # how far apart the decided levels around it lie
+        lines.append(f"| {s}{' (default gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] | {width} |")
     lines += ["", "## Levels", "",
               f"| pair | source | level | seeds | {t.primary} | Δ accuracy (pts) | KL ratio | verdict | label |",
               "|---|---|---|---|---|---|---|---|---|"]

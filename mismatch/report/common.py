@@ -22,7 +22,7 @@ MAX_LEGEND = 8  # entries per legend; a figure with more series facets them
 # one colour per level family (mismatch source), the same in every figure: the family's colour for a
 # single series, shades of its colormap (light → dark with the level or series order) for several
 FAMILY_COLORS = {"clean": "black", "format": "tab:blue", "noise": "tab:orange", "stale": "tab:green",
-                 "reuse": "tab:red", "engine": "tab:purple"}
+                 "reuse": "tab:red", "engine": "tab:purple", "A/A": "grey"}
 FAMILY_COLORMAPS = {"format": "Blues", "noise": "Oranges", "stale": "Greens", "reuse": "Reds", "engine": "Purples"}
 
 

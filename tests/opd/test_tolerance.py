@@ -215,3 +215,10 @@ def test_the_noise_floor_is_the_clean_spread_and_the_aa_level():
     assert floor["aa_acc_delta_hw"] == pytest.approx(100 * 3.182 * statistics.stdev(aa_delta) / 2)  # t(0.975, 3), √4
     # −0.4 ± 2.3 points straddles −2: at this spread four seeds cannot resolve a 2-point threshold even for A/A
     assert floor["aa_kl_ratio"] == pytest.approx(1.0) and floor["aa_verdict"] == "uncertain"
+
+
+def test_the_aa_level_is_the_noise_floors_not_a_ladder_rung(rows):
+    aa = [_run(dataclasses.replace(BASE, seed=s, rollout="resample:1"), 0.40, 1.0, 0.0) for s in range(3)]
+    levels = level_table(run_table(pd.concat([rows, *aa], ignore_index=True)))
+    assert (levels["source"] == "A/A").sum() == 1  # a level of its own (counted, decided or not)
+    assert "A/A" not in set(tolerance_table(levels)["source"])
