@@ -113,7 +113,15 @@ def estimates(tasks: list[Task], *, out: str | Path | None = None) -> list[float
 
 def longest_first(tasks: list[Task], *, out: str | Path | None = None) -> list[int]:
     """Indices of `tasks`, longest estimated first (tasks never measured, NaN, come first: a new
-    pair or model is usually the expensive part), ties in plan order. Submitting a pool's tasks
-    in this order keeps one long task from starting last and running alone."""
+    pair or model is usually the expensive part). Submitting a pool's tasks in this order keeps one
+    long task from starting last and running alone. Ties go round-robin over the OPD runs' seeds,
+    then in plan order: runs of one pair and seed share their step-0 evaluation
+    (`mismatch.opd.trainer.initial_evaluation`), which only the first to reach it computes, so twins
+    started side by side would both compute it."""
     secs = estimates(tasks, out=out)
-    return sorted(range(len(tasks)), key=lambda i: (-math.inf if math.isnan(secs[i]) else -secs[i], i))
+    turn, seen = [], {}
+    for task in tasks:
+        key = (task.pair, task.seed) if isinstance(task, OPDConfig) else None
+        seen[key] = seen.get(key, -1) + 1
+        turn.append(seen[key] if key is not None else 0)
+    return sorted(range(len(tasks)), key=lambda i: (-math.inf if math.isnan(secs[i]) else -secs[i], turn[i], i))
