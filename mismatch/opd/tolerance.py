@@ -83,7 +83,8 @@ def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
         return ", ".join([*(f"{f} {_short(cfg[f])}" for f in varying), *scope]) or "default"
 
     sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
-    return table.assign(source=[s for s, _ in sources], level=[lv for _, lv in sources],
+    return table.assign(source=[s for s, _ in sources],
+                        level=pd.Series([lv for _, lv in sources], index=table.index, dtype=object),  # no 1 → 1.0
                         settings=[settings(r) for r in table["run_id"]])
 
 
@@ -104,8 +105,11 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     resolve), and the accuracy metric compared (`accuracy_metric`: the expected exact match where
     exact, else the sampled one)."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
+    # grouped by the level's repr: pandas factorizes 1 and 1.0 (stale:1, noise:1.0) as one value
+    judged = judged.assign(level_key=judged["level"].map(repr))
     out = []
-    for (pair, source, settings, level), runs_of in judged.groupby(["pair", "source", "settings", "level"], sort=False):
+    for (pair, source, settings, _), runs_of in judged.groupby(["pair", "source", "settings", "level_key"], sort=False):
+        level = runs_of["level"].iloc[0]
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
         group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl",
                                                                    "copy_kl_fwd_mean"]].mean()
@@ -121,6 +125,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE)
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame
+    frame["level"] = pd.Series([r["level"] for r in out], dtype=object)  # 1 (stale:1) stays 1 beside σ 0.1
     frame["order"] = [weight_bits(lv) if s in CATEGORICAL_SOURCES else float(lv) if not isinstance(lv, str) else math.inf
                       for s, lv in zip(frame["source"], frame["level"])]
     frame = frame.sort_values(["pair", "source", "settings", "order"], ascending=[True, True, True, True],

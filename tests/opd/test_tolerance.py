@@ -222,3 +222,11 @@ def test_the_aa_level_is_the_noise_floors_not_a_ladder_rung(rows):
     levels = level_table(run_table(pd.concat([rows, *aa], ignore_index=True)))
     assert (levels["source"] == "A/A").sum() == 1  # a level of its own (counted, decided or not)
     assert "A/A" not in set(tolerance_table(levels)["source"])
+
+
+def test_a_level_keeps_its_own_value_beside_an_equal_one_of_another_source():
+    """stale:1 beside noise:1.0: pandas would group 1 and 1.0 as one key; each level keeps its own."""
+    frames = [_run(dataclasses.replace(BASE, seed=s), 0.40, 1.0) for s in range(2)]
+    frames += [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.39, 1.0) for s in range(2) for r in ("noise:1.0", "stale:1")]
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True))).set_index("source")
+    assert repr(levels.loc["stale", "level"]) == "1" and repr(levels.loc["noise", "level"]) == "1.0"
