@@ -267,9 +267,10 @@ def probe_copy(run: OPDRun) -> dict[str, float]:
     `eval_probe` held-out prompts (their own seed, fixed across steps): the
     full-vocabulary per-token metrics (`copy_kl_fwd_mean`, …, `copy_top1_agree`) and, for a copy in
     PyTorch, the relative L2 error of every layer's hidden states (`copy_rel_l2_mean` over layers,
-    `copy_rel_l2_final` of the last). Nothing when the copy is the student itself (clean, reuse,
-    resample: every such metric is 0 by construction) or `eval_probe` is 0. The same statistics a
-    static probe gives a format, so every source — staleness too — has them."""
+    `copy_rel_l2_final` of the last). Nothing when the copy is the student itself — clean and
+    resample (0 by construction) and reuse (its batches come from the student a few updates back,
+    whose weights are not kept) — or `eval_probe` is 0. The same statistics a static probe gives a
+    format, so every source with a copy of its own — staleness too — has them."""
     from mismatch.probes.core import probe
 
     copy, cfg = run.rollout_copy, run.config
