@@ -163,8 +163,8 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
         on_layer: called as `on_layer(index, hidden_ND)` with fp32 rows at `index_N` of the
             embedding (0), each decoder block (1..L) and the final norm (L+1).
         share_prefix: when every row starts with the same ≥ `MIN_SHARED_PREFIX` tokens before any
-            requested position (`shared_prefix`: a teacher's context turns), run them once and every row's own tokens after them on that KV
-            cache (without gradients only). The same numbers up to fp32 rounding (attention and matmul
+            requested position (`shared_prefix`: a teacher's context turns), run them once and every
+            row's own tokens after them on that KV cache (without gradients only). The same numbers up to fp32 rounding (attention and matmul
             sums over other shapes), at a fraction of the cost when the prefix is most of each row.
 
     Raises:
@@ -177,6 +177,15 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
             P = min(P, int((index_N % T - first_B[index_N // T]).min()))
         if P >= MIN_SHARED_PREFIX:
             return _head_inputs_after_prefix(model, input_ids_BT, attention_mask_BT, index_N, P, first_B, on_layer)
+    return _capture_rows(model, input_ids_BT, index_N, on_layer, attention_mask=attention_mask_BT,
+                         position_ids=position_ids(attention_mask_BT), use_cache=False)
+
+
+def _capture_rows(model: nn.Module, input_ids_BT: torch.Tensor, index_N: torch.Tensor,
+                  on_layer: Callable[[int, torch.Tensor], None] | None, **model_kwargs) -> HeadInputs:
+    """One forward of `model` on `input_ids_BT` (`model_kwargs`: its mask, positions, cache), keeping
+    the head's input rows at flat positions `index_N` into `[B*T]` (and each layer's, for `on_layer`);
+    the model's own head runs on the last position only."""
     layout = model_layout(model)
     B, T = input_ids_BT.shape
     kept: dict[str, torch.Tensor] = {}
@@ -194,8 +203,7 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
             on_layer(index, hidden_BTD.reshape(B * T, -1).index_select(0, index_N).float())
 
     with capture(layout, layer_hook, on_head_input):
-        out = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                    position_ids=position_ids(attention_mask_BT), use_cache=False)
+        out = model(input_ids=input_ids_BT, **model_kwargs)
     return HeadInputs(kept["rows"], kept["last"], out.logits[:, -1, :].detach().float())
 
 
@@ -221,22 +229,7 @@ def _head_inputs_after_prefix(model: nn.Module, input_ids_BT: torch.Tensor, atte
     cache.batch_repeat_interleave(B)
     mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype), window_mask_BW], 1)
     positions_BW = position_ids(mask_BL)[:, P:]
-    layout = model_layout(model)
-    t_N = index_N % T
-    window_index_N = (index_N // T) * W + t_N - start
-    kept: dict[str, torch.Tensor] = {}
-
-    def on_head_input(hidden_BWD: torch.Tensor) -> torch.Tensor:
-        kept["rows"] = hidden_BWD.reshape(B * W, -1).index_select(0, window_index_N)
-        kept["last"] = hidden_BWD[:, -1, :].detach().clone()
-        return hidden_BWD[:, -1:, :]
-
-    layer_hook = None
-    if on_layer is not None:
-        def layer_hook(index: int, hidden_BWD: torch.Tensor) -> None:
-            on_layer(index, hidden_BWD.reshape(B * W, -1).index_select(0, window_index_N).float())
-
-    with capture(layout, layer_hook, on_head_input):
-        out = model(input_ids=input_ids_BT[:, start:], attention_mask=mask_BL, position_ids=positions_BW,
-                    cache=cache, use_cache=True, cache_position=torch.arange(P, P + W))
-    return HeadInputs(kept["rows"], kept["last"], out.logits[:, -1, :].detach().float())
+    window_index_N = (index_N // T) * W + index_N % T - start
+    return _capture_rows(model, input_ids_BT[:, start:], window_index_N, on_layer, attention_mask=mask_BL,
+                         position_ids=positions_BW, cache=cache, use_cache=True,
+                         cache_position=torch.arange(P, P + W))

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 
 from mismatch.errors import InputError, NumericsError
+from mismatch.files import atomic_write_text
+from mismatch.hashing import content_hash
 from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.model.loader import LM, quiet_loading
@@ -42,9 +44,12 @@ from mismatch.opd.losses import full_rkl, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
+from mismatch.pairs.registry import pair_digest
 from mismatch.pairs.evaluate import batch_rewards, expected_accuracy, greedy_accuracy
 from mismatch.model.positions import response_index
 from mismatch.model.generate import Batch, Samples, encode, generate, reprompt, token_logprobs
+from mismatch.probes.core import probe
+from mismatch.version import ID_SCHEMA, __version__
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, latest metrics)
 EVAL_SEED_OFFSET = 7919  # held-out samples use their own seed, fixed across steps
@@ -271,8 +276,6 @@ def probe_copy(run: OPDRun) -> dict[str, float]:
     resample (0 by construction) and reuse (its batches come from the student a few updates back,
     whose weights are not kept) — or `eval_probe` is 0. The same statistics a static probe gives a
     format, so every source with a copy of its own — staleness too — has them."""
-    from mismatch.probes.core import probe
-
     copy, cfg = run.rollout_copy, run.config
     if cfg.eval_probe == 0 or (copy.is_student and copy.engine is None):
         return {}
@@ -325,11 +328,6 @@ def initial_evaluation(run: OPDRun, cache: str | Path | None = None) -> dict[str
     the values are the computation's own, so a run's rows are the same bit for bit with or without it."""
     if cache is None:
         return evaluate(run)
-    from mismatch.files import atomic_write_text
-    from mismatch.hashing import content_hash
-    from mismatch.pairs.registry import pair_digest
-    from mismatch.version import ID_SCHEMA, __version__
-
     cfg = run.config
     key = content_hash({**{f: getattr(cfg, f) for f in INITIAL_EVAL_FIELDS}, "max_new_tokens": run.max_new_tokens,
                         "pair_sha256": pair_digest(cfg.pair), "threads": torch.get_num_threads(),

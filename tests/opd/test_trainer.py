@@ -19,6 +19,14 @@ from mismatch.results import read_results
 from mismatch.model.generate import sample
 
 runner = CliRunner()
+TIMING = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}  # wall-clock rows
+
+
+def strip(rows):
+    """A run's rows without the ones that measure time."""
+    return [r for r in rows if r["metric"] not in TIMING]
+
+
 SHORT = dict(pair="reverse-qwen3", steps=3, batch_size=8, eval_every=3, eval_prompts=16, train_prompts=256)
 
 
@@ -46,8 +54,6 @@ def test_identical_policies_give_unit_tis_weights_and_zero_mismatch():
 def test_stale_zero_reproduces_the_clean_run_bit_for_bit():
     clean = train(OPDConfig(**SHORT))
     stale0 = train(OPDConfig(**SHORT, rollout="stale:0"))
-    timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
-    strip = lambda rows: [r for r in rows if r["metric"] not in timing]  # noqa: E731
     assert strip(clean) == strip(stale0)
     assert strip(train(OPDConfig(**SHORT, rollout="reuse:1"))) == strip(clean)
     assert strip(train(OPDConfig(**SHORT, rollout="resample:0"))) == strip(clean)
@@ -207,13 +213,12 @@ def test_saved_student_reloads_with_the_same_logits(tmp_path):
 
 def test_without_the_greedy_evaluation_every_other_number_is_the_same():
     """`eval_greedy=False` drops one metric and its generation; the run's RNG never sees it."""
-    timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
     with_greedy = train(OPDConfig(**SHORT))
     without = train(OPDConfig(**SHORT, eval_greedy=False))
     assert {r["step"] for r in with_greedy if r["metric"] == "heldout_greedy_accuracy"} == {0, 3}
     assert not any(r["metric"] == "heldout_greedy_accuracy" for r in without)
-    keep = [r for r in with_greedy if r["metric"] not in timing | {"heldout_greedy_accuracy"}]
-    assert keep == [r for r in without if r["metric"] not in timing]
+    keep = [r for r in with_greedy if r["metric"] not in TIMING | {"heldout_greedy_accuracy"}]
+    assert keep == strip(without)
 
 
 def test_steps_log_the_framework_named_statistics_of_their_own_rollout_tokens():
@@ -269,8 +274,6 @@ def test_step_zero_is_evaluated_once_per_seed_and_read_back_bit_for_bit(tmp_path
     calls = []
     real = trainer.evaluate
     monkeypatch.setattr(trainer, "evaluate", lambda run: calls.append(run.config.rollout) or real(run))
-    timing = {"rollout_s", "teacher_s", "update_s", "metrics_s", "refresh_s", "wall_s", "tokens_per_s"}
-    strip = lambda rows: [r for r in rows if r["metric"] not in timing]  # noqa: E731
     cache = tmp_path / "cache"
     clean = train(OPDConfig(**SHORT), eval_cache=cache)
     noisy_cfg = OPDConfig(**SHORT, rollout="noise:0.1", lr=3e-3)
