@@ -35,6 +35,7 @@ from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
 from mismatch.opd.tolerance import analyse, t975
 from mismatch.results import run_id
+from mismatch.sweep.tasks import task_id  # the ledger's keys
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 LEVEL_KEY = ("pair", "source", "settings", "level")
@@ -156,8 +157,6 @@ def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, d
         found (the last one still to run unless all its runs have ended; no new round: every level
         is decided or has `max_seeds` planned seeds).
     """
-    from mismatch.sweep.tasks import task_id  # the ledger's keys
-
     def ended(batch: Sequence[OPDConfig]) -> bool:
         return all(ledger.get(task_id(c), {}).get("status") in ("done", "failed") for c in batch)
 
