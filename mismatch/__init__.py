@@ -38,7 +38,7 @@ _LAZY = {  # public name -> (module, attribute)
     "score_rollouts": ("mismatch.engines", "score_rollouts"), "read_rollouts": ("mismatch.engines", "read_rollouts"),
     "write_rollouts": ("mismatch.engines", "write_rollouts"),
 }
-_SUBMODULES = {"model", "perturb", "probes", "pairs", "engines", "opd", "admission", "sweep", "report", "metrics",
+_SUBMODULES = {"model", "perturb", "probes", "pairs", "engines", "opd", "admission", "sweep", "report", "metrics", "monitor",
                "results", "files"}
 
 

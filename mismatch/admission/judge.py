@@ -95,15 +95,23 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
     logp_train, logp_rollout, seq = checked_inputs(logp_train_N, logp_rollout_N, relabelled)
 
     def stats(idx: torch.Tensor, seq_idx: torch.Tensor) -> dict[str, float]:
-        own = sampled_token_metrics(logp_train[idx], logp_rollout[idx], clip)
-        return {**{f"mismatch_{k}": v for k, v in own.items()},
-                **rollout_stats(logp_train[idx], logp_rollout[idx], seq_idx)}
+        return statistics(logp_train[idx], logp_rollout[idx], seq_idx, clip=clip)
 
     metrics = stats(torch.arange(len(seq)), seq)
     require_statistics({g.metric for g in gates}, set(metrics))
     intervals = bootstrap_intervals({g.metric: metrics[g.metric] for g in gates}, stats, seq, seed)
     return metrics, [Decision(g.metric, metrics[g.metric], *intervals[g.metric], g.limit, g.source,
                               decide(metrics[g.metric], *intervals[g.metric], g.limit)) for g in gates]
+
+
+def statistics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor, *,
+               clip: float = 2.0) -> dict[str, float]:
+    """Every statistic a gate can judge, of `N` sampled tokens (`[N]` log-probs under the trained and the
+    rollout policy, nats; `[N]` sequence indices 0..S-1, each present): the check's own under
+    `mismatch_*` (`mismatch.metrics.sampled_token_metrics`: `mismatch_kl`, the fitted gate's) and verl's,
+    slime's and NeMo RL's under their names (`mismatch.metrics.rollout_stats`)."""
+    own = sampled_token_metrics(logp_train_N, logp_rollout_N, clip)
+    return {**{f"mismatch_{k}": v for k, v in own.items()}, **rollout_stats(logp_train_N, logp_rollout_N, seq_N)}
 
 
 def require_statistics(names: set[str], known: set[str]) -> None:
@@ -115,8 +123,7 @@ def require_statistics(names: set[str], known: set[str]) -> None:
 def gate_statistics() -> set[str]:
     """The names a gate can judge: the check's `mismatch_*` statistics and the frameworks' names."""
     one = torch.zeros(2, dtype=torch.float64)
-    return ({f"mismatch_{k}" for k in sampled_token_metrics(one, one, 2.0)}
-            | set(rollout_stats(one, one, torch.tensor([0, 1]))))
+    return set(statistics(one, one, torch.tensor([0, 1])))
 
 
 def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds) -> list[Gate]:

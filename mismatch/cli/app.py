@@ -7,6 +7,7 @@
     mismatch report results/quant results/opd --out-dir reports/mine
     mismatch check smollm2-135m --rollout fp8-e4m3:block128 [--preset slime] [--staleness 1] [--json]
     mismatch thresholds results/paper --out mismatch/data/admission_thresholds.json
+    mismatch monitor runs/trl-out/trainer_state.json --out monitor/ [--patience 3]
 
 A user error (missing model, bad input, mismatched vocabularies) prints one line on stderr and
 exits with status 2; results already written are never touched by a failing run.
@@ -19,7 +20,7 @@ import sys
 
 import typer
 
-from mismatch.cli import check, engines, opd, pairs, probe, report, sweep
+from mismatch.cli import check, engines, monitor, opd, pairs, probe, report, sweep
 from mismatch.cli.common import command
 
 # The library (torch, transformers, …) is imported inside each command, so `--help` and a usage error
@@ -59,7 +60,8 @@ def main() -> None:
 # one module per command group; each command goes through the one error handler (`common.command`)
 for _name, _fn in (("models", probe.models), ("probe", probe.probe), ("opd", opd.opd), ("sweep", sweep.sweep),
                   ("report", report.report), ("add-costs", report.add_costs), ("check", check.check),
-                  ("thresholds", check.thresholds), ("score-rollouts", engines.score_rollouts)):
+                  ("thresholds", check.thresholds), ("score-rollouts", engines.score_rollouts),
+                  ("monitor", monitor.monitor)):
     command(app, _name)(_fn)
 pairs_app.callback()(pairs.pairs)
 command(pairs_app, "show")(pairs.pairs_show)

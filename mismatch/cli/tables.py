@@ -244,3 +244,23 @@ def score_table(result) -> Table:
         if not key.startswith("mismatch_"):  # the same numbers as the probe names, under the check's names
             table.add_row(escape(key), f"{value:.6g}")
     return table
+
+
+def monitor_table(report) -> Table:
+    """A training log judged: each calibrated statistic (the gating one first) with its last and largest
+    value, limit, steps above it and the longest run of them; then the known names that are not comparable."""
+    alarm = f", alarm at step {report.alarm_step}" if report.alarm_step is not None else ""
+    title = (f"{report.path} ({report.format}, {report.steps} logged steps): {report.status.upper()}{alarm} "
+             f"— {report.gating.name} gates, patience {report.patience}")
+    table = Table("statistic", "logged as", "last", "max", "limit [bracket]", "steps above", "longest run",
+                  title=escape(title))
+    for stat in (report.gating, *report.others):
+        lo, hi = stat.bracket
+        table.add_row(escape(stat.name + (" (gates)" if stat is report.gating else "")),
+                      escape(f"{stat.logged_as} ({stat.framework})"), f"{stat.values.iloc[-1]:.4g}",
+                      f"{stat.values.max():.4g}", f"{stat.limit:.4g} [{lo:.3g}, {hi:.3g}]",
+                      f"{len(stat.crossed_steps)}/{len(stat.values)}", str(stat.longest_run()))
+    lines = [f"not comparable: {name} ({framework}): {why}" for name, (framework, why, _) in report.not_comparable.items()]
+    lines.append(f"limits {report.thresholds_source}")
+    table.caption = escape("\n".join(lines))
+    return table

@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mismatch.files import atomic_write  # noqa: E402
+
 DPI = 120
 LEGEND_FONTSIZE = 8
 GRID_ALPHA = 0.3
@@ -84,7 +86,8 @@ def caption(fig, text: str) -> None:
 
 
 def save_figure(fig, path: Path) -> Path:
-    """Lay out (leaving room for a `caption`), write as PNG at the house resolution, close; return the path."""
+    """Lay out (leaving room for a `caption`), write as PNG at the house resolution (atomically), close;
+    return the path."""
     text = getattr(fig, "_mismatch_caption", None)
     if text:
         inches = (text.count("\n") + 1.6) * CAPTION_FONTSIZE / 72 * 1.35  # line height ≈ 1.35 × font size
@@ -93,9 +96,9 @@ def save_figure(fig, path: Path) -> Path:
         fig.tight_layout(rect=(0, bottom, 1, 1))
     else:
         fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))  # complete or not at all
     plt.close(fig)
-    return path
+    return Path(path)
 
 
 def subplots(ncols: int = 1, *, nrows: int = 1, figsize: tuple[float, float]):

@@ -1,0 +1,39 @@
+"""`mismatch monitor`: options → one library call → print (registered in `app.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch.cli.common import err, out
+from mismatch.monitor.settings import MonitorSettings  # stdlib only: the defaults live on its fields
+
+EXIT = {"within": 0, "crossed": 1}
+
+
+def monitor(
+    log: Annotated[Path, typer.Argument(help="The run's log: trainer_state.json (or a TRL output dir), TensorBoard "
+                                             "events, JSON lines of metric dicts (verl, prime-rl), or a results dataset.")],
+    thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`; default: the shipped ones).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write monitor.png, monitor.csv and monitor.json here.")] = None,
+    patience: Annotated[int, typer.Option(help="Consecutive logged steps above the limit that make an alarm.")] = MonitorSettings.patience,
+    run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Judge a training run's own log against the calibrated admission limits, step by step.
+    Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 2 error."""
+    from mismatch import monitor as monitor_lib
+    from mismatch.cli import tables as console
+
+    report = monitor_lib.monitor(log, thresholds=thresholds, settings=MonitorSettings(patience=patience), run=run,
+                                 out_dir=out_dir)
+    for path in report.written:
+        console.wrote(err, path)
+    if json_out:
+        typer.echo(json.dumps(report.summary(), indent=1))
+    else:
+        out.print(console.monitor_table(report))
+    raise typer.Exit(EXIT[report.status])

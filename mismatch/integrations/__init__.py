@@ -1,0 +1,2 @@
+"""Mismatch inside the trainers people use. `mismatch.integrations.trl`: TRL's `DistillationTrainer` with
+rollouts from a mismatched copy and the admission gates in the loop (needs the `trl` extra)."""

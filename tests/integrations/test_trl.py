@@ -1,0 +1,200 @@
+"""`MismatchDistillationTrainer`: TRL's own DistillationTrainer, its rollouts from a mismatched copy.
+
+Runs TRL's trainer for a few steps on the sort-gpt2 pair (its real student and teacher). The logged
+statistics are checked against an independent computation on the same tokens: log-probs from the models'
+own full-vocabulary logits (a plain forward, `log_softmax`, gather) of the student at the weights the step
+sampled with and of a copy built apart with `mismatch.perturbed`, pooled by the check's `judge`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+import mismatch
+from mismatch.admission.judge import judge, statistics
+from mismatch.errors import InputError
+from mismatch.metrics import ESS_EPS
+
+trl = pytest.importorskip("trl", reason="the trl extra is not installed (make test installs it)")
+from transformers import TrainerCallback  # noqa: E402
+
+from tests.trl_runs import trl_trainer  # noqa: E402
+
+# The no-mismatch value of every logged mismatch statistic (log r = 0 for every token): 0, else these; verl's
+# ESS normalises the weights by (mean + ε), so at r ≡ 1 it is (1 + ε)², not 1.
+NO_MISMATCH = {"train/token_mult_prob_error": 1.0, "rollout_corr/rollout_is_eff_sample_size": (1 + ESS_EPS) ** 2,
+               "rollout_corr/ppl_ratio": 1.0}
+POLICY_SCALE = ("rollout_corr/training_ppl", "rollout_corr/training_log_ppl", "rollout_corr/rollout_ppl",
+                "rollout_corr/rollout_log_ppl")  # perplexities of the policy itself, not mismatch
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return mismatch.load_pair("sort-gpt2")
+
+
+def _trainer(pair, tmp_path, **kwargs):
+    return trl_trainer(pair, tmp_path / "out", **kwargs)
+
+
+def _logged(trainer) -> list[dict]:
+    return [row for row in trainer.state.log_history if "mismatch_kl" in row]
+
+
+def _plain_logprobs(model, batch) -> torch.Tensor:
+    """`[N]` log π(y) of the batch's response tokens from the model's own `[B, T, V]` logits (the slow,
+    obvious way; positions count from each row's first attended token, as generation's do)."""
+    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions).logits
+    logp = logits.float().log_softmax(-1)[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return logp[batch.response_mask[:, 1:].bool()]
+
+
+class _WeightsAtStepBegin(TrainerCallback):
+    """The student's weights as each optimizer step begins (before its rollouts are sampled)."""
+
+    def __init__(self) -> None:
+        self.weights = None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.weights = copy.deepcopy(model.state_dict())
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])  # TRL's default autocasts on CPU too
+def test_clean_rollouts_log_exactly_no_mismatch(pair, tmp_path, bf16):
+    trainer = _trainer(pair, tmp_path, steps=2, bf16=bf16)
+    trainer.train()
+    rows = _logged(trainer)
+    assert len(rows) == 2
+    for row in rows:
+        names = [k for k in statistics(torch.zeros(2), torch.zeros(2), torch.tensor([0, 1])) if k not in POLICY_SCALE]
+        for name in names:
+            # exact: 0 stays 0; a mean of N identical float64 ratios may round in its last bits
+            assert row[name] == pytest.approx(NO_MISMATCH.get(name, 0.0), rel=1e-12, abs=0), name
+    assert trainer.rollout_copy is None
+    assert [r.step for r in trainer.gate_records] == [0] and trainer.gate_records[0].decisions[0].status == "admit"
+
+
+def test_int4_rollouts_are_the_copys_and_log_the_checks_own_statistics(pair, tmp_path):
+    spec = "int4:channel"
+    at_begin = _WeightsAtStepBegin()
+    trainer = _trainer(pair, tmp_path, steps=3, callbacks=[at_begin], rollout=spec)
+    trainer.train()
+    last = _logged(trainer)[-1]
+    batch, logp_train_N, logp_rollout_N = trainer.last_rollout
+    # independent: the student at the weights step 3 sampled with, and a copy of it quantized apart
+    student = copy.deepcopy(pair.student.model)
+    student.load_state_dict(at_begin.weights)
+    student.eval()
+    with mismatch.perturbed(copy.deepcopy(student), spec) as quantized:
+        plain_rollout_N = _plain_logprobs(quantized, batch)
+    plain_train_N = _plain_logprobs(student, batch)
+    # fp32 log-softmax of logits of magnitude ≲ 30 over V = 94: a few ulps (~1e-6) per token and model
+    torch.testing.assert_close(logp_train_N, plain_train_N, rtol=0, atol=2e-5)
+    torch.testing.assert_close(logp_rollout_N, plain_rollout_N, rtol=0, atol=2e-5)
+    seq_N = torch.unique(torch.nonzero(batch.response_mask)[:, 0], return_inverse=True)[1]
+    metrics, _ = judge(plain_train_N, plain_rollout_N, seq_N, trainer.gates)
+    assert last["mismatch_kl"] > 0
+    for name in ("mismatch_kl", "mismatch_k3", "rollout_corr/kl", "train/train_rollout_logprob_abs_diff",
+                 "train/token_mult_prob_error"):
+        # a mean of per-token differences, each within 4e-5 (two log-probs): the same bound on the mean
+        assert last[name] == pytest.approx(metrics[name], abs=1e-4), name
+    # the copy sampled: under its own policy the tokens are likelier than under the student's on average
+    # (E_q[log q − log p] = KL(q‖p) > 0, while student samples would give −KL(p‖q) < 0)
+    assert float((logp_rollout_N - logp_train_N).mean()) > 0
+
+
+def test_a_copy_under_bf16_autocast_differs_from_the_student_only_by_its_perturbation(pair, tmp_path):
+    # noise:0 is a copy (not the student itself) with unchanged weights: under the trainer's bf16 autocast
+    # it must score as the student does, bit for bit — had the copy run in fp32, |log r| would be ~0.07
+    trainer = _trainer(pair, tmp_path, steps=2, bf16=True, rollout="noise:0")
+    trainer.train()
+    assert trainer.rollout_copy is not None and not trainer.rollout_copy.is_student
+    for row in _logged(trainer):
+        assert row["mismatch_logp_abs_diff_max"] == 0.0 and row["mismatch_kl"] == 0.0
+
+
+def test_the_copy_follows_the_student_every_step(pair, tmp_path):
+    at_begin = _WeightsAtStepBegin()
+    trainer = _trainer(pair, tmp_path, steps=2, callbacks=[at_begin], rollout="int4:channel")
+    trainer.train()
+    expected = copy.deepcopy(pair.student.model)
+    expected.load_state_dict(at_begin.weights)  # step 2's starting weights: after one update
+    with mismatch.perturbed(expected, "int4:channel") as quantized:
+        want = {k: v.clone() for k, v in quantized.state_dict().items()}
+    got = trainer.rollout_copy.model.state_dict()
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+    assert not torch.equal(at_begin.weights["transformer.h.0.attn.c_attn.weight"],
+                           pair.student.model.state_dict()["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_a_recipe_keeps_its_modules_in_full_precision(pair, tmp_path):
+    recipe = {"spec": "int4:channel", "layers": r"^transformer\.h\.0\."}
+    trainer = _trainer(pair, tmp_path, steps=1, rollout=recipe)
+    served, student = trainer.rollout_copy.model.state_dict(), pair.student.model.state_dict()
+    changed = {k for k in student if not torch.equal(served[k], student[k])}
+    assert changed and all(k.startswith("transformer.h.0.") for k in changed)
+    assert not any(k.startswith("transformer.h.1.") for k in changed)
+
+
+def test_gates_warn_or_stop_on_a_copy_beyond_the_limit(pair, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="mismatch"):
+        warned = _trainer(pair, tmp_path / "warn", steps=3, rollout="noise:1.0", gate_every=2)
+        warned.train()
+    assert warned.state.global_step == 3
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mismatch gate")]
+    assert [line.split(":")[0] for line in lines] == ["mismatch gate at step 0", "mismatch gate at step 2"]
+    assert "mismatch_kl" in lines[0] and "above the limit 0.2" in lines[0] and "\n" not in lines[0]
+    assert all(r.violations for r in warned.gate_records)
+
+    stopped = _trainer(pair, tmp_path / "stop", steps=5, rollout="noise:1.0", on_violation="stop")
+    stopped.train()
+    assert stopped.state.global_step == 1  # the step whose first batch was judged, then stopped
+    assert (tmp_path / "stop" / "out" / "checkpoint-1").is_dir()
+
+
+def test_given_limits_gate_any_named_statistic(pair, tmp_path):
+    trainer = _trainer(pair, tmp_path, steps=1, rollout="int4:channel",
+                       thresholds={"train/token_mult_prob_error": 1.0 + 1e-9})
+    trainer.train()
+    (decision,) = trainer.gate_records[0].decisions
+    assert decision.metric == "train/token_mult_prob_error" and decision.status == "reject"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rollout="stale:2"), "fresh every step"),
+    (dict(rollout="reuse:2"), "fresh every step"),
+    (dict(rollout="fp9"), "fp9"),
+    (dict(on_violation="halt"), "on_violation"),
+    (dict(gate_every=0), "gate_every"),
+    (dict(thresholds={"kl_typo": 0.1}), "kl_typo"),
+    (dict(rollout=3), "rollout must be"),
+])
+def test_bad_arguments_are_one_line_errors(pair, tmp_path, kwargs, message):
+    with pytest.raises(InputError, match=message) as err:
+        _trainer(pair, tmp_path, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.engines
+def test_llama_cpp_rollouts_log_the_engines_own_log_probs(pair, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama.cpp is not installed (the engines extra: make engines)")
+    at_begin = _WeightsAtStepBegin()
+    trainer = _trainer(pair, tmp_path, steps=2, batch=8, callbacks=[at_begin], rollout="engine:llama.cpp,f32")
+    trainer.train()
+    batch, logp_train_N, logp_rollout_N = trainer.last_rollout
+    student = copy.deepcopy(pair.student.model)
+    student.load_state_dict(at_begin.weights)
+    student.eval()
+    # llama.cpp's own log-probs, not a PyTorch pass: they differ from the student's by the engine's fp32
+    # arithmetic (f32 weights, f16 KV cache) — small but not zero
+    diff = (logp_rollout_N.double() - _plain_logprobs(student, batch).double()).abs()
+    assert 0 < float(diff.max()) < 0.05
+    torch.testing.assert_close(logp_train_N, _plain_logprobs(student, batch), rtol=0, atol=2e-5)
