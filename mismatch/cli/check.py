@@ -18,7 +18,8 @@ def check(
     model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
     rollout: Annotated[str | None, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")] = None,
     rollouts: Annotated[Path | None, typer.Option(help="Instead of --rollout: an engine's rollout dump to score "
-                                                       "(see `mismatch score-rollouts`).")] = None,
+                                                       "(vLLM, SGLang, OpenAI, prime-rl, slime: see `mismatch "
+                                                       "score-rollouts`).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
     staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (carried over from the study).")] = 0,

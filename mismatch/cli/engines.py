@@ -14,7 +14,9 @@ from mismatch.cli.common import err, out
 def score_rollouts(
     model: Annotated[str, typer.Argument(help="The trainer's checkpoint: a local checkpoint, a built-in, PAIR:student.")],
     rollouts: Annotated[Path, typer.Argument(help="The engine's dump: JSONL/JSON/parquet (mismatch, vLLM, SGLang or "
-                                                  "OpenAI-compatible records with per-token log-probs).")],
+                                                  "OpenAI-compatible records with per-token log-probs), prime-rl's "
+                                                  "token export (a rank file or a step_S/ folder) or slime's debug "
+                                                  "rollout data (.pt).")],
     out_path: Annotated[Path | None, typer.Option("--out", help="Write the per-token table (.parquet or .csv).")] = None,
     clip: Annotated[float, typer.Option(help="IS ratios outside [1/clip, clip] count as outside.")] = 2.0,
     text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,

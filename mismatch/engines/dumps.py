@@ -20,10 +20,32 @@ shape found per record:
   tokenizer (a token string that decodes from exactly one id); the prompt ids from
   `prompt_token_ids` (vLLM's `return_token_ids`), which the OpenAI API itself does not return.
 
+* **prime-rl** token export (`trainer.enable_token_export`, schema version 1: one JSON line per
+  exported sequence, `token_exports/step_S/rank_R.jsonl`; a step's directory reads every rank's file):
+  `token_ids`, `position_ids` (restarting at 0 for each packed sample), `loss_mask`,
+  `inference_logprobs` (the engine's), `trainer_logprobs`, `log_importance_ratio`, `mismatch_kl`, …
+  per token. Each packed sample is one sequence: its prompt the tokens before its first loss-masked
+  token, its response the loss-masked tokens (they must be one contiguous span, ending the sample or
+  followed only by unmasked tokens). prime-rl does not export the sampling temperature (its trainer
+  scales the logits by it): read as 1, and said so.
+* **slime** debug rollout data (`--save-debug-rollout-data PATH`: `torch.save({"rollout_id", "samples":
+  [Sample.to_dict(), …]})`, read with `torch.load(weights_only=True)`: containers and tensors only):
+  each sample's `tokens` (prompt + response), `response_length`, `rollout_log_probs` (the engine's, one
+  per response token) and `loss_mask` (tool tokens 0: a response with masked tokens inside is refused;
+  trailing masked tokens are dropped). slime stores no sampling settings, but a top-p < 1 run records
+  each token's nucleus (`rollout_top_p_token_ids`): found, it is said.
+
+Log-probs that are not those of the sampling distribution: when the metadata, a record's request
+(`sampling_params`, `request`) or slime's recorded nucleus shows top-p < 1, top-k or min-p, the engine's
+log-probs are of the renormalized truncated distribution, and `log r` carries `−log S` of each step's kept
+mass S (TRL #6789: a kept mass of 0.895 gave an IS ratio mean of 0.896): the dump says so in its `notes`,
+which every score of it repeats. The dump is still read: the statistics then include that truncation.
+
 A line `{"meta": {...}}` (parquet: the schema metadata key `mismatch_rollouts`) carries what the
 engine knows: `vocab_size`, `vocab_fingerprint` (`mismatch.model.tokenizer.vocab_fingerprint`),
-`tokenizer`, `engine`, `temperature`. The log-probs must be those of the distribution the tokens
-were sampled from (temperature 1, no top-p/top-k truncation, for an unbiased mismatch estimate).
+`tokenizer`, `engine`, `temperature`, `top_p`, `top_k`, `min_p`. The log-probs must be those of the
+distribution the tokens were sampled from (temperature 1, no top-p/top-k truncation, for an unbiased
+mismatch estimate).
 """
 
 from __future__ import annotations
@@ -65,6 +87,7 @@ class EngineDump:
     source: str
     shapes: tuple[str, ...]  # the record shapes found
     meta: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # one line each: what makes its log-probs other than temperature-1 sampling's
 
     @property
     def tokens(self) -> int:
@@ -225,11 +248,112 @@ def _openai(rec: dict, where: str, tokenizer, ids_of: dict | None = None) -> lis
     return out
 
 
+PRIME_RL_SCHEMA = 1  # the prime-rl token export schema version read
+
+
+def _masked_span(mask: list, where: str) -> tuple[int, int] | None:
+    """`(first, end)` of the loss-masked positions, which must be contiguous; None when none is masked."""
+    on = [i for i, m in enumerate(mask) if m]
+    if not on:
+        return None
+    first, end = on[0], on[-1] + 1
+    if len(on) != end - first:
+        raise InputError(f"{where}: masked tokens inside the response (a multi-turn or tool sample): only a "
+                         "contiguous loss-masked response is read")
+    return first, end
+
+
+def _prime_rl(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
+    version = rec.get("schema_version")
+    if version != PRIME_RL_SCHEMA:
+        raise InputError(f"{where}: prime-rl token export schema version {version!r}; this reads version "
+                         f"{PRIME_RL_SCHEMA}")
+    ids, mask, lps = rec["token_ids"], rec["loss_mask"], rec["inference_logprobs"]
+    positions = rec.get("position_ids") or list(range(len(ids)))
+    if not len(ids) == len(mask) == len(lps) == len(positions):
+        raise InputError(f"{where}: token_ids, loss_mask, inference_logprobs and position_ids differ in length")
+    starts = [i for i, p in enumerate(positions) if int(p) == 0] or [0]  # packed samples restart at 0
+    if starts[0] != 0:
+        starts = [0, *starts]
+    out = []
+    for k, (lo, hi) in enumerate(zip(starts, [*starts[1:], len(ids)])):
+        w = f"{where}, sample {k}"
+        span = _masked_span(mask[lo:hi], w)
+        if span is None:
+            continue  # nothing trained on in this sample (prompt-only packing remainder)
+        first, end = lo + span[0], lo + span[1]
+        if None in lps[first:end]:
+            raise InputError(f"{w}: inference_logprobs has a null (non-finite) value at a loss-masked token")
+        out.append(_record(ids[lo:first], ids[first:end], lps[first:end], None, None, w))
+    if not out:
+        raise InputError(f"{where}: no loss-masked token to score")
+    return out
+
+
+def _slime(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
+    tokens, length = list(rec["tokens"]), int(rec["response_length"])
+    if not 0 < length < len(tokens):
+        raise InputError(f"{where}: response_length {length} of {len(tokens)} tokens (a prompt and a response needed)")
+    lps = [float(v) for v in rec["rollout_log_probs"] or []]
+    mask = rec.get("loss_mask")
+    mask = [1] * length if mask is None else [int(m) for m in mask]
+    if len(mask) != length:
+        raise InputError(f"{where}: {length} response tokens but {len(mask)} loss_mask entries")
+    span = _masked_span(mask, where)
+    if span is None or span[0] != 0:
+        raise InputError(f"{where}: the response does not start with a loss-masked token")
+    end = span[1]
+    prompt, response = tokens[:-length], tokens[-length:]
+    if len(lps) != length:
+        raise InputError(f"{where}: {length} response tokens but {len(lps)} rollout_log_probs")
+    return [_record(prompt, response[:end], lps[:end], None, None, where)]
+
+
+TRUNCATING = {"top_p": lambda v: v is not None and float(v) < 1.0, "top_k": lambda v: v is not None and int(v) > 0,
+              "min_p": lambda v: v is not None and float(v) > 0.0}  # sampler settings that truncate the support
+
+
+def truncation(settings: Any) -> str | None:
+    """The truncating sampler settings in `settings` (a dict: a dump's metadata, a request's
+    `sampling_params`), as `top_p 0.9, top_k 50`; None when it has none."""
+    if not isinstance(settings, dict):
+        return None
+    found = []
+    for key, truncates in TRUNCATING.items():
+        try:
+            if truncates(settings.get(key)):
+                found.append(f"{key} {settings[key]}")
+        except (TypeError, ValueError):
+            found.append(f"{key} {settings[key]!r}")
+    return ", ".join(found) or None
+
+
+def _record_truncation(rec: dict) -> str | None:
+    """What a record shows of a truncated sampler: its request's settings, or slime's recorded nucleus."""
+    for settings in (rec.get("sampling_params"), (rec.get("request") or {}).get("sampling_params")
+                     if isinstance(rec.get("request"), dict) else None, rec.get("request")):
+        found = truncation(settings)
+        if found:
+            return f"its request says {found}"
+    nucleus = rec.get("rollout_top_p_token_ids")
+    if nucleus is not None and len(nucleus) > 0:
+        return "slime recorded each token's top-p nucleus (rollout_top_p_token_ids): top-p < 1"
+    return None
+
+
 SHAPES = {  # shape name → (is it this shape?, reader)
     "mismatch": (lambda r: "response_token_ids" in r, _ours),
     "vllm": (lambda r: isinstance(r.get("outputs"), list), _vllm),
     "sglang": (lambda r: isinstance(r.get("meta_info"), dict) and "output_token_logprobs" in r["meta_info"], _sglang),
     "openai": (lambda r: isinstance(r.get("choices"), list), _openai),
+    "prime-rl": (lambda r: "inference_logprobs" in r and "token_ids" in r and "loss_mask" in r, _prime_rl),
+    "slime": (lambda r: "rollout_log_probs" in r and "response_length" in r and "tokens" in r, _slime),
+}
+TEMPERATURE_UNRECORDED = {  # shape → why its log-probs are read as temperature 1
+    "prime-rl": "prime-rl's token export does not record the sampling temperature (its orchestrator's "
+                "sampling.temperature): its log-probs are read as temperature-1 sampling's",
+    "slime": "slime's rollout data does not record the sampling temperature (--rollout-temperature): its "
+             "log-probs are read as temperature-1 sampling's",
 }
 
 
@@ -274,6 +398,27 @@ def _json_records(path: Path) -> list[tuple[str, Any]]:
     return out
 
 
+def _torch_records(path: Path) -> list[tuple[str, Any]]:
+    """The samples of a slime debug rollout file (`torch.save` of `{"rollout_id", "samples"}`), loaded with
+    `weights_only=True`: containers, numbers, strings and tensors only (no code runs); tensors as lists."""
+    import torch
+
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, … for what it will not load safely
+        raise InputError(f"{path}: not a torch file holding only containers and tensors "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        raise InputError(f"{path}: not slime's rollout data (a dict with a `samples` list)")
+
+    def plain(value):
+        return value.tolist() if isinstance(value, torch.Tensor) else value
+
+    rollout = data.get("rollout_id", "?")
+    return [(f"rollout {rollout}, sample {i}", {k: plain(v) for k, v in rec.items()} if isinstance(rec, dict) else rec)
+            for i, rec in enumerate(data["samples"])]
+
+
 def _parquet_records(path: Path) -> tuple[Any, list[tuple[str, Any]]]:
     """(metadata, records) of a parquet dump. Parquet stores `{token_id: logprob}` maps as structs
     with a field for every id of the column, so the ids a position does not list read back as None:
@@ -312,25 +457,48 @@ def read_rollouts(path: str | Path, tokenizer=None) -> EngineDump:
         InputError: a missing or unreadable file, or a bad record (one line naming the record).
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"rollouts file not found: {path}")
+    files = sorted(path.glob("rank_*.jsonl"), key=lambda f: int(f.stem.split("_")[1]) if f.stem.split("_")[1].isdigit()
+                   else -1) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise InputError(f"rollouts file not found: {path}" + (" (a directory: prime-rl's step_S/ with rank_R.jsonl "
+                                                                "files)" if path.is_dir() else ""))
     if path.suffix == ".parquet":
         raw_meta, records = _parquet_records(path)
+    elif path.suffix in (".pt", ".pth"):
+        raw_meta, records = None, _torch_records(path)
     else:
-        raw_meta, records = None, _json_records(path)
+        raw_meta, records = None, []
+        for f in files:
+            part = _json_records(f)
+            records += [(f"{f.name} {where}" if len(files) > 1 else where, rec) for where, rec in part]
         if records and isinstance(records[0][1], dict) and set(records[0][1]) == {"meta"}:
             raw_meta = records.pop(0)[1]["meta"]
     if raw_meta is not None and not isinstance(raw_meta, dict):
         raise InputError(f"{path}: the metadata must be an object of fields, got {str(raw_meta)[:40]!r}")
     meta = dict(raw_meta or {})
-    shapes, out, ids_of = [], [], {}
+    shapes, out, ids_of, truncated = [], [], {}, {}
     for where, rec in records:
         shape, seqs = parse_record(rec, where, tokenizer, ids_of)
         shapes.append(shape)
         out.extend(seqs)
+        found = _record_truncation(rec)
+        if found:
+            truncated.setdefault(found, []).append(where)
     if not out:
         raise InputError(f"{path}: no rollout record")
-    return EngineDump(tuple(out), str(path), tuple(dict.fromkeys(shapes)), meta)
+    notes = []
+    in_meta = truncation(meta)
+    bias = ("so its log-probs are of the renormalized truncated distribution and log r carries −log S of each "
+            "step's kept mass S: the statistics include that truncation, which the calibrated limits (temperature 1, "
+            "no truncation) do not")
+    if in_meta:
+        notes.append(f"{path}: its metadata says {in_meta}, {bias}")
+    for found, where in truncated.items():
+        notes.append(f"{path}: {len(where)} of {len(records)} records ({where[0]}, …): {found}, {bias}")
+    shapes = tuple(dict.fromkeys(shapes))
+    if "temperature" not in meta:
+        notes += [f"{path}: {TEMPERATURE_UNRECORDED[s]}" for s in shapes if s in TEMPERATURE_UNRECORDED]
+    return EngineDump(tuple(out), str(path), shapes, meta, tuple(notes))
 
 
 def write_rollouts(path: str | Path, records: list[DumpRecord], meta: dict[str, Any] | None = None) -> Path:

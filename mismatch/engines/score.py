@@ -253,7 +253,8 @@ def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: 
         write_frame(per_token, Path(out))
     source = f"{dump.source} ({', '.join(dump.shapes)}{', ' + dump.meta['engine'] if dump.meta.get('engine') else ''})"
     return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)), summary=summary,
-                       reference=lm.name, candidate=source, notes=_tokenizer_doubt(dump, lm, summary, check_text))
+                       reference=lm.name, candidate=source,
+                       notes=[*dump.notes, *_tokenizer_doubt(dump, lm, summary, check_text)])
 
 
 def _tokenizer_doubt(dump: EngineDump, lm: LM, summary: dict[str, float], check_text: bool) -> list[str]:
