@@ -22,6 +22,8 @@ STAND_INS = [  # (pattern, replacement, blocks it must apply to)
     ('rollout="int4:group128", presets=', 'rollout="noise:1", presets=', "mismatch.check("),
     ('max_new_tokens=64, chat=True)', 'max_new_tokens=64, chat=False)', "mismatch.generate(ref"),  # no chat template
     ('layers="0-3,7"', 'layers="0-1"', "w8a8"),  # tiny-llama has 3 blocks
+    ('per_device_train_batch_size=64, max_steps=80,', 'per_device_train_batch_size=8, max_steps=2,',
+     "MismatchDistillationTrainer("),
 ]
 
 

@@ -5,7 +5,9 @@
 `int4:group128`, `noise:0.1`, …, on a layer scope), a recipe the admission check produced (its kept
 modules stay in full precision), or the student exported to llama.cpp (`engine:llama.cpp,…`, where the
 `engines` extra is built) — the way a cheaper inference engine would serve a real run. Everything else is
-TRL's own: its sampler (`generate` with its `GenerationConfig`), its prompts, its loss, its schedule.
+TRL's own: its sampler (`generate` with its `GenerationConfig`), its prompts, its loss, its schedule — but
+for the positions of its training forward, which by default are those the samples were generated at
+(`fix_positions`: TRL 1.16 trains left-padded rows of absolute-position models at shifted positions).
 
 * The copy follows the student: before each generation batch whose optimizer step has moved on, it is
   rebuilt from the current weights (re-quantized, re-noised, or re-exported), so the mismatch is the
@@ -32,6 +34,7 @@ the statistics are of the temperature / top-p warped distributions, as `check` c
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import deque
 from contextlib import contextmanager
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
 from trl import DistillationTrainer
 
@@ -46,6 +50,7 @@ from mismatch.admission.judge import Decision, judge, resolve_gates, statistics
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
 from mismatch.model.generate import Batch, sequence_logprobs
+from mismatch.model.positions import position_ids
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.trainer import rollout_seed
 from mismatch.rollout_spec import RolloutSpec
@@ -136,6 +141,12 @@ class MismatchDistillationTrainer(DistillationTrainer):
             steps (and on the first batch).
         on_violation: `"warn"` (log a warning line) or `"stop"` (end training after the step, checkpoint saved).
         clip: the importance-ratio bound of `mismatch_is_ratio_outside_frac` (r outside [1/clip, clip]).
+        fix_positions: train on the positions the samples were generated at. TRL 1.16's training forward
+            passes no `position_ids`, so a model that then counts positions from the row's start (learned
+            absolute position embeddings: GPT-2, OPT) trains every left-padded row at positions shifted by its
+            padding (huggingface/trl#6800 reports the same omission in Online DPO); with True (the default) the
+            student's and the teacher's training forwards get `position_ids` counted from each row's first
+            attended token, as `generate` counts them — for rotary models a no-op. False: TRL's own forward.
 
     Attributes:
         rollout_copy: the `mismatch.opd.ring.RolloutCopy` that samples (None with `rollout=None`).
@@ -146,7 +157,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
     """
 
     def __init__(self, *args, rollout=None, layers: str = "linear", thresholds=None, gate_every: int = 10,
-                 on_violation: str = "warn", clip: float = 2.0, **kwargs) -> None:
+                 on_violation: str = "warn", clip: float = 2.0, fix_positions: bool = True, **kwargs) -> None:
         if on_violation not in ON_VIOLATION:
             raise InputError(f"on_violation must be one of {', '.join(ON_VIOLATION)}, got {on_violation!r}")
         if gate_every < 1:
@@ -161,7 +172,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
         if spec is not None and self.tools:
             raise InputError("tool calling with a rollout copy is not supported")
         self.rollout_spec, self.layers, self.on_violation, self.clip = spec, layers, on_violation, clip
-        self.gate_every = gate_every
+        self.gate_every, self.fix_positions = gate_every, fix_positions
         student = self.accelerator.unwrap_model(self.model)
         self.rollout_copy = None if spec is None else RolloutCopy(
             student, spec, 0, layers=layers, seed=self.args.seed, tokenizer=self._tokenizer)
@@ -224,6 +235,19 @@ class MismatchDistillationTrainer(DistillationTrainer):
         mode = "train" if self.model.training else "eval"
         self._measure(output, mode)
         return output
+
+    def _get_last_hidden_state(self, unwrapped_model, input_ids, attention_mask, logits_to_keep, **multimodal):
+        """TRL's head inputs `(B, logits_to_keep, H)` of the completion tokens; with `fix_positions`, from a
+        text-only backbone forward given the generation's `position_ids` (see the class docstring)."""
+        backbone = getattr(unwrapped_model, "base_model", None)
+        takes_positions = backbone is not None and "position_ids" in inspect.signature(backbone.forward).parameters
+        if (not self.fix_positions or self._is_vlm or any(v is not None for v in multimodal.values())
+                or is_peft_model(unwrapped_model) or not takes_positions):
+            return super()._get_last_hidden_state(unwrapped_model, input_ids, attention_mask, logits_to_keep,
+                                                  **multimodal)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                          use_cache=False).last_hidden_state
+        return hidden[:, :-1, :][:, -logits_to_keep:, :]  # as TRL's: drop the last position, keep the completion's
 
     # -- measurement --------------------------------------------------------------------------------------
 

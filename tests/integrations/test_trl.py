@@ -198,3 +198,23 @@ def test_llama_cpp_rollouts_log_the_engines_own_log_probs(pair, tmp_path):
     diff = (logp_rollout_N.double() - _plain_logprobs(student, batch).double()).abs()
     assert 0 < float(diff.max()) < 0.05
     torch.testing.assert_close(logp_train_N, _plain_logprobs(student, batch), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("fix", [True, False])
+def test_training_positions_are_the_generations_for_absolute_position_models(pair, tmp_path, fix):
+    # GPT-2 learns absolute position embeddings: a left-padded row must be read at the positions `generate`
+    # gave it (counted from its first token), i.e. exactly as the same row without its padding
+    trainer = _trainer(pair, tmp_path, steps=1, fix_positions=fix)
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    row = pair.student.tokenizer("sort:6276=")["input_ids"] + [24, 25, 28]
+    pad = 3
+    ids = torch.tensor([[0] * pad + row])
+    mask = torch.tensor([[0] * pad + [1] * len(row)])
+    with torch.no_grad():
+        padded = trainer._get_last_hidden_state(model, ids, mask, 3)
+        alone = trainer._get_last_hidden_state(model, ids[:, pad:], mask[:, pad:], 3)
+    gap = float((padded - alone).abs().max())
+    if fix:
+        assert gap < 1e-5  # fp32 rounding of other attention shapes
+    else:
+        assert gap > 0.1  # TRL 1.16's own forward: positions shifted by the padding
