@@ -313,6 +313,19 @@ def of_kind(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
     return part.drop(columns=empty).reset_index(drop=True)
 
 
+def canonical_order(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with whole runs in an order of their configurations alone, each run's rows as written: runs
+    sorted by their config columns (schema order, values as text; provenance and the run id last), so
+    a report reads the same whatever order the runs finished in (Ray workers, resumed sweeps)."""
+    if rows.empty:
+        return rows
+    keys = [c for c in config_columns(rows) if c not in PROVENANCE and c != "run_id"] + ["run_id"]
+    firsts = rows.drop_duplicates("run_id")[keys].astype(str)
+    order = {rid: i for i, rid in enumerate(firsts.sort_values(keys, kind="stable")["run_id"])}
+    rank = rows["run_id"].map(order)
+    return rows.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank").reset_index(drop=True)
+
+
 def config_columns(rows: pd.DataFrame) -> list[str]:
     """The run-level columns (config and provenance) of a tidy frame."""
     return [c for c in rows.columns if c not in ("level", "metric", "value", *ITEM_COLUMNS)]

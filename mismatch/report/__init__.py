@@ -26,7 +26,7 @@ from mismatch.report.manifest import claim, normalised, record
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
-from mismatch.results import of_kind, read_many
+from mismatch.results import canonical_order, of_kind, read_many
 from mismatch.opd.tolerance import analyse
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -36,6 +36,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Toleran
     """Write every report the rows support into `out_dir`; return the files written, in order.
     `sources` names where the rows came from (in the admission thresholds' provenance)."""
     written: list[Path] = []
+    rows = canonical_order(rows)  # the same tables whatever order the runs finished in
     present = set(rows["kind"].unique())
     if "probe" in present:
         written += write_probe_report(of_kind(rows, "probe"), out_dir)

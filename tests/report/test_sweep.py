@@ -120,3 +120,28 @@ def test_write_reports_computes_the_analysis_once(tmp_path, monkeypatch):
     written = [p.name for p in write_reports(pd.concat(frames, ignore_index=True), tmp_path)]
     assert {"opd_verdicts.md", "tolerance.md", "cost_frontier.md"} <= set(written)  # the premise: writers ran
     assert calls == {"run_table": 1, "level_table": 1}
+
+
+def test_reports_are_the_same_whatever_order_the_runs_finished_in(tmp_path):
+    """Ray workers finish runs in any order, and a results dataset keeps the order they were written in:
+    every table the reports write is byte for byte the same for the runs in another order."""
+    import dataclasses
+    import random
+
+    from mismatch.report import write_reports
+    from tests.opd.test_tolerance import BASE, DELTAS, _run
+
+    frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40 + (d[0][s] if s < len(d[0]) else 0) / 100,
+                   d[1] if r != "none" else 1.0, mismatch=0.01 * (1 + s))
+              for r, d in [("none", ([0, 0, 0], 1.0)), *DELTAS.items()] for s in range(3)]
+    shuffled = frames[:]
+    random.Random(1).shuffle(shuffled)
+    assert [f["run_id"].iloc[0] for f in shuffled] != [f["run_id"].iloc[0] for f in frames]  # the premise
+    written = {}
+    for name, order in (("as planned", frames), ("shuffled", shuffled)):
+        out = tmp_path / name.replace(" ", "_")
+        files = write_reports(pd.concat(order, ignore_index=True), out)
+        written[name] = {p.name: p.read_bytes() for p in files if p.suffix in (".md", ".csv", ".json")}
+    assert set(written["as planned"]) == set(written["shuffled"]) and len(written["shuffled"]) >= 4
+    for name, content in written["as planned"].items():
+        assert written["shuffled"][name] == content, name
