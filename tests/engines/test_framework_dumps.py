@@ -46,7 +46,7 @@ def rollouts():
 
 
 def _f32(values):
-    return torch.tensor(values, dtype=torch.float32).tolist()  # prime-rl exports floats through float32
+    return torch.as_tensor(values, dtype=torch.float32).tolist()  # prime-rl exports floats through float32
 
 
 def _prime_rl_line(prompt, response, engine_lp, trainer_lp, *, step=3, idx=0):
