@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 from mismatch.errors import InputError
+
+
+def trailing_number(name: str) -> int:
+    """The number a file or folder name ends in (`checkpoint-120` → 120, `rank_3` → 3), −1 if none: how
+    numbered outputs (checkpoints, ranks) sort."""
+    match = re.search(r"(\d+)$", name)
+    return int(match.group(1)) if match else -1
 
 
 def read_text(path: str | Path, what: str) -> str:

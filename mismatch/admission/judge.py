@@ -135,8 +135,6 @@ def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None,
         return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
     limit = table.limits[table.primary]
     lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
-    prov = table.provenance
     split = (f"tolerated configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean"
              if not math.isnan(hi) else "no configuration was not tolerated: limit at the largest tolerated value")
-    return [Gate(table.primary, limit, f"fitted on {', '.join(prov.get('results', []))} "
-                                       f"({prov.get('fitted_with', '?')}): {split}")]
+    return [Gate(table.primary, limit, f"{table.fitted_on}: {split}")]

@@ -61,6 +61,12 @@ class Thresholds:
     lagged: list[dict]
     provenance: dict = field(default_factory=dict)
 
+    @property
+    def fitted_on(self) -> str:
+        """Where the limits come from, as gates and reports name it: `fitted on RESULTS (mismatch V)`."""
+        prov = self.provenance
+        return f"fitted on {', '.join(prov.get('results', []))} ({prov.get('fitted_with', '?')})"
+
     def to_json(self, path: str | Path) -> Path:
         return atomic_write_text(path, json.dumps(_strict(asdict(self)), indent=1, default=_jsonable,
                                                   allow_nan=False) + "\n")

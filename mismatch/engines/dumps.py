@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mismatch.errors import InputError
-from mismatch.files import atomic_write, atomic_write_text
+from mismatch.files import atomic_write, atomic_write_text, trailing_number
 
 POSITIVE_SLACK = 1e-6  # log-probs up to this above 0 are fp rounding of a near-certain token (read as 0)
 META_KEY = "mismatch_rollouts"
@@ -457,8 +457,7 @@ def read_rollouts(path: str | Path, tokenizer=None) -> EngineDump:
         InputError: a missing or unreadable file, or a bad record (one line naming the record).
     """
     path = Path(path)
-    files = sorted(path.glob("rank_*.jsonl"), key=lambda f: int(f.stem.split("_")[1]) if f.stem.split("_")[1].isdigit()
-                   else -1) if path.is_dir() else [path]
+    files = sorted(path.glob("rank_*.jsonl"), key=lambda f: trailing_number(f.stem)) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise InputError(f"rollouts file not found: {path}" + (" (a directory: prime-rl's step_S/ with rank_R.jsonl "
                                                                 "files)" if path.is_dir() else ""))

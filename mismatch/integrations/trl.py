@@ -270,11 +270,9 @@ class MismatchDistillationTrainer(DistillationTrainer):
     def _as_batch(self, output: dict) -> Batch:
         prompt_ids, prompt_mask = output["prompt_ids"].cpu(), output["prompt_mask"].cpu()
         completion_ids, completion_mask = output["completion_ids"].cpu(), output["completion_mask"].cpu()
-        if "tool_mask" in output:
-            completion_mask = completion_mask * output["tool_mask"].cpu()
-        attention = torch.cat([prompt_mask, output["completion_mask"].cpu()], 1)
-        return Batch(torch.cat([prompt_ids, completion_ids], 1), attention,
-                     torch.cat([torch.zeros_like(prompt_mask), completion_mask], 1), ())
+        scored = completion_mask * output["tool_mask"].cpu() if "tool_mask" in output else completion_mask
+        return Batch(torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
+                     torch.cat([torch.zeros_like(prompt_mask), scored], 1), ())
 
     def _logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """`(log π_student(y), log π_rollout(y))` `[N]` fp32 of the batch's completion tokens, row-major."""
@@ -290,18 +288,15 @@ class MismatchDistillationTrainer(DistillationTrainer):
             return logp_train_N, torch.tensor(logp, dtype=torch.float32)
         return logp_train_N, sequence_logprobs(self.rollout_copy.model, batch, **warp)[mask]
 
-    def _offsets(self) -> list[int]:
-        offsets, total = [], 0
-        for _, _, seq_N in self._window:
-            offsets.append(total)
-            total += int(seq_N.max()) + 1
-        return offsets
-
     def _judge(self, step: int, mode: str) -> None:
         """The gates on the window's tokens (the last `gate_every` batches, each batch's sequences apart)."""
         logp_train = torch.cat([w[0] for w in self._window])
         logp_rollout = torch.cat([w[1] for w in self._window])
-        seq = torch.cat([w[2] + offset for w, offset in zip(self._window, self._offsets(), strict=True)])
+        labels, first = [], 0
+        for _, _, seq_N in self._window:  # batch b's sequences after every earlier batch's
+            labels.append(seq_N + first)
+            first += int(seq_N.max()) + 1
+        seq = torch.cat(labels)
         _, decisions = judge(logp_train, logp_rollout, seq, self.gates, clip=self.clip, seed=step)
         record = GateRecord(step, len(logp_train), int(seq.max()) + 1, tuple(decisions))
         self.gate_records.append(record)

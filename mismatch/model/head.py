@@ -164,8 +164,9 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
             embedding (0), each decoder block (1..L) and the final norm (L+1).
         share_prefix: when every row starts with the same ≥ `MIN_SHARED_PREFIX` tokens before any
             requested position (`shared_prefix`: a teacher's context turns), run them once and every
-            row's own tokens after them on that KV cache (without gradients only). The same numbers up to fp32 rounding (attention and matmul
-            sums over other shapes), at a fraction of the cost when the prefix is most of each row.
+            row's own tokens after them on that KV cache (without gradients only). The same numbers
+            up to fp32 rounding (attention and matmul sums over other shapes), at a fraction of the
+            cost when the prefix is most of each row.
 
     Raises:
         InputError: the model feeds its head something other than `[B, T, D]`.

@@ -44,21 +44,19 @@ class Statistic:
     def crossed_steps(self) -> list[int]:
         return [int(s) for s in self.values.index[self.values > self.limit]]
 
-    def first_alarm(self, patience: int) -> int | None:
-        """The logged step at which `patience` consecutive logged steps above the limit are complete."""
+    def _runs_above(self):
+        """`(step, n)` per logged step: n consecutive logged steps up to it lie above the limit (0 if it does not)."""
         run = 0
         for step, value in self.values.items():
             run = run + 1 if value > self.limit else 0
-            if run >= patience:
-                return int(step)
-        return None
+            yield int(step), run
+
+    def first_alarm(self, patience: int) -> int | None:
+        """The logged step at which `patience` consecutive logged steps above the limit are complete."""
+        return next((step for step, run in self._runs_above() if run >= patience), None)
 
     def longest_run(self) -> int:
-        best = run = 0
-        for value in self.values:
-            run = run + 1 if value > self.limit else 0
-            best = max(best, run)
-        return best
+        return max((run for _, run in self._runs_above()), default=0)
 
 
 @dataclass
@@ -119,11 +117,11 @@ def statistics_of(table: pd.DataFrame, thresholds: Thresholds) -> tuple[list[Sta
         parts = indexed[list(reading.needs)].dropna()
         if parts.empty:
             continue
-        values = pd.Series([reading.convert(*row) for row in parts.itertuples(index=False)], index=parts.index,
-                           dtype=float)
         if reading.statistic in found:
             found[reading.statistic].also_logged_as.append(reading.logged_as)
             continue
+        values = pd.Series([reading.convert(*row) for row in parts.itertuples(index=False)], index=parts.index,
+                           dtype=float)
         lo, hi = thresholds.brackets.get(reading.statistic, [math.nan, math.nan])
         found[reading.statistic] = Statistic(reading.statistic, reading.logged_as, reading.framework, reading.how,
                                              values, float(thresholds.limits[reading.statistic]), (lo, hi))
@@ -166,9 +164,7 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
         raise InputError(f"{path}: no statistic a calibrated limit applies to"
                          + (f"; known but not comparable: {known}" if known else
                             f" (looked for {', '.join(sorted({n for r in COMPARABLE for n in r.needs}))})"))
-    provenance = table_of_thresholds.provenance
-    source = (f"{thresholds}" if isinstance(thresholds, (str, Path)) else
-              f"fitted on {', '.join(provenance.get('results', []))} ({provenance.get('fitted_with', '?')})")
+    source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     report = MonitorReport(str(path), kind, len(table), settings.patience, found[0], found[1:], others, source)
     if out_dir is not None:
         report.written = write_monitor(report, out_dir)

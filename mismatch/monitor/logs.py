@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from mismatch.errors import InputError
+from mismatch.files import trailing_number
 
 STEP = "step"
 # transformers' TensorBoardCallback logs `epoch` with every training log as `train/epoch` (its `rewrite_logs`
@@ -58,7 +58,7 @@ def _detect(path: Path) -> tuple[str, Path]:
     if path.is_dir():
         if (path / "trainer_state.json").is_file():
             return "trainer_state", path / "trainer_state.json"
-        checkpoints = sorted(path.glob("checkpoint-*/trainer_state.json"), key=lambda p: _number(p.parent.name))
+        checkpoints = sorted(path.glob("checkpoint-*/trainer_state.json"), key=lambda p: trailing_number(p.parent.name))
         if checkpoints:
             return "trainer_state", checkpoints[-1]
         if any(path.rglob("events.out.tfevents.*")):
@@ -75,11 +75,6 @@ def _detect(path: Path) -> tuple[str, Path]:
     if path.suffix == ".parquet":
         return "results", path
     raise InputError(f"{path}: not a known log format (trainer_state.json, TensorBoard events, .jsonl, results)")
-
-
-def _number(name: str) -> int:
-    match = re.search(r"(\d+)$", name)
-    return int(match.group(1)) if match else -1
 
 
 def _trainer_state(path: Path, run) -> list[dict]:
