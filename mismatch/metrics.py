@@ -27,8 +27,8 @@ ESS_EPS = 1e-8  # verl normalises the IS weights by (mean + 1e-8) for the ESS
 
 
 def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_C: torch.Tensor, *,
-                   ref_shared: bool = False, argmax_ref_C: torch.Tensor | None = None
-                   ) -> dict[str, torch.Tensor]:
+                   ref_shared: bool = False, argmax_ref_C: torch.Tensor | None = None,
+                   work_2RV: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-token divergences of one chunk of tokens (docs/design.md definitions), each `[C]`.
 
     Takes fp32 log-probabilities `log p`, `log q` (`[C, V]`, from `log_softmax` of the reference
@@ -36,14 +36,17 @@ def token_metrics_(logp_ref_CV: torch.Tensor, logp_cand_CV: torch.Tensor, token_
     kl_fwd = Σ p (log p − log q); kl_rev = Σ q (log q − log p); tv = ½ Σ |p − q|;
     r = p(y)/q(y); k3 = r − 1 − log r. Consumes its inputs (both are exponentiated in place),
     so only three `[C, V]` buffers ever exist; with `ref_shared` the reference log-probs are
-    left intact (a cache), and `argmax_ref_C` may supply their precomputed argmax.
+    left intact (a cache), and `argmax_ref_C` may supply their precomputed argmax. `work_2RV`
+    (fp32, R ≥ C) holds the temporaries instead of fresh tensors (the same bits; no allocation
+    per chunk).
     """
     lp, lq = logp_ref_CV, logp_cand_CV
     top1 = (lp.argmax(-1) if argmax_ref_C is None else argmax_ref_C) == lq.argmax(-1)
     idx = token_C.unsqueeze(-1)
     logp_ref, logp_cand = lp.gather(-1, idx).squeeze(-1), lq.gather(-1, idx).squeeze(-1)
-    d = lp - lq
-    p = lp.exp() if ref_shared else lp.exp_()
+    work = (None, None) if work_2RV is None else work_2RV[:, :lp.shape[0]]
+    d = torch.sub(lp, lq, out=work[0])
+    p = torch.exp(lp, out=work[1]) if ref_shared else lp.exp_()
     kl_fwd = torch.linalg.vecdot(p, d)  # fused multiply-sum: no [C, V] temporary
     q = lq.exp_()
     kl_rev = torch.linalg.vecdot(q, d).neg() + 0.0  # + 0.0 turns -0.0 into 0.0 for identical inputs

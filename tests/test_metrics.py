@@ -32,6 +32,22 @@ def test_two_token_distributions_by_hand():
                                                     - (math.log(0.1) + math.log(0.25)) / 2), rel=1e-6)
 
 
+@pytest.mark.parametrize("ref_shared", [False, True])
+def test_token_metrics_in_a_work_buffer_give_the_same_bits(ref_shared):
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(2, 5, 301, generator=gen)
+    lp, lq = torch.log_softmax(z[0], -1), torch.log_softmax(z[0] + 0.3 * z[1], -1)
+    y = torch.randint(0, 301, (5,), generator=gen)
+    plain = token_metrics_(lp.clone(), lq.clone(), y, ref_shared=ref_shared)
+    work = torch.full((2, 8, 301), float("nan"))  # wider than the chunk, stale contents
+    kept = lp.clone()
+    buffered = token_metrics_(kept, lq.clone(), y, ref_shared=ref_shared, work_2RV=work)
+    assert plain.keys() == buffered.keys()
+    assert all(torch.equal(plain[k], buffered[k]) for k in plain)
+    assert torch.equal(kept, lp) == ref_shared  # a shared reference is read, never written
+    assert not torch.isnan(work[0, :5]).any() and torch.isnan(work[0, 5:]).all()
+
+
 def test_sampled_token_metrics_equal_a_plain_python_computation():
     """The admission check's `mismatch_*` statistics, every key, from the definitions in plain Python."""
     from mismatch.errors import InputError

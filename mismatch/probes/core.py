@@ -489,24 +489,26 @@ def _token_metrics(ref: Reference, head: Head, hidden_ND: torch.Tensor, cand_nam
     """Per-token metrics `[N]` of the candidate's head rows against the reference side.
 
     The elementwise work is memory-bound: `CACHE_ROWS` rows at a time keep its ~10 passes over
-    `[rows, V]` in cache (2x faster on 2 cores than whole chunks)."""
-    cand = logprob_chunks(head, hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
-    ref_side = (logprob_chunks(ref.head, ref.head_input, chunk_tokens, rows_per_pass=CACHE_ROWS)
+    `[rows, V]` in cache (2x faster on 2 cores than whole chunks), in buffers allocated once per
+    call (`logprob_chunks(reuse=True)`, `token_metrics_(work_2RV=…)`)."""
+    cand = logprob_chunks(head, hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS, reuse=True)
+    ref_side = (logprob_chunks(ref.head, ref.head_input, chunk_tokens, rows_per_pass=CACHE_ROWS, reuse=True)
                 if ref.logp is None else None)
-    parts = [_scored(ref, at, None if ref_side is None else next(ref_side)[1], logp_cand, cand_name)
+    work_2RV = torch.empty((2, min(CACHE_ROWS, hidden_ND.shape[0]), head.vocab_size), dtype=torch.float32)
+    parts = [_scored(ref, at, None if ref_side is None else next(ref_side)[1], logp_cand, cand_name, work_2RV)
              for at, logp_cand in cand]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def _scored(ref: Reference, at: slice, logp_ref: torch.Tensor | None, logp_cand: torch.Tensor,
-            cand_name: str) -> dict[str, torch.Tensor]:
+            cand_name: str, work_2RV: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """`token_metrics_` of the reference rows `at` (`logp_ref`, or the reference's cache when None)
     against the candidate's log-probs `[C, V]`, both sides checked finite."""
     if logp_ref is not None:
-        metrics = token_metrics_(logp_ref, logp_cand, ref.token[at])
+        metrics = token_metrics_(logp_ref, logp_cand, ref.token[at], work_2RV=work_2RV)
     else:  # the cache is shared by every candidate: read it, never write it
         metrics = token_metrics_(ref.logp[at], logp_cand, ref.token[at], ref_shared=True,
-                                 argmax_ref_C=ref.logp_argmax[at])
+                                 argmax_ref_C=ref.logp_argmax[at], work_2RV=work_2RV)
     # a NaN/+Inf logit makes that row's log-probs NaN; -Inf logits (masked tokens) are fine
     _check_finite(metrics["logp_ref"], f"reference {ref.name}", ref, at)
     _check_finite(metrics["logp_cand"], f"candidate {cand_name}", ref, at)

@@ -123,6 +123,20 @@ def test_logprob_chunks_cover_every_row_once_and_equal_log_softmax(tiny, chunk, 
     torch.testing.assert_close(torch.cat([lp for _, lp in pieces]), full, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk,rows_per_pass", [(3, None), (4, 2), (1000, 3)])
+def test_logprob_chunks_reuse_one_buffer_and_give_the_same_bits(tiny, chunk, rows_per_pass):
+    model = tiny("tiny-gpt2").model
+    h = torch.randn(10, model.config.n_embd, generator=torch.Generator().manual_seed(1))
+    fresh = [(r, lp.clone()) for r, lp in logprob_chunks(Head.of(model), h, chunk, rows_per_pass=rows_per_pass)]
+    reused, pointers = [], set()
+    for r, lp in logprob_chunks(Head.of(model), h, chunk, rows_per_pass=rows_per_pass, reuse=True):
+        pointers.add(lp.data_ptr())
+        reused.append((r, lp.clone()))  # consumed before the next piece overwrites it
+    assert len(pointers) == 1 and len(reused) == len(fresh) > 1
+    for (r0, a), (r1, b) in zip(fresh, reused):
+        assert r0 == r1 and torch.equal(a, b)
+
+
 def test_warp_temperature_and_top_p():
     z = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     assert is_identity_warp(1.0, None) and is_identity_warp(0.0, 1.0) and not is_identity_warp(0.7, None)
