@@ -101,6 +101,6 @@ def save_figure(fig, path: Path) -> Path:
     return Path(path)
 
 
-def subplots(ncols: int = 1, *, nrows: int = 1, figsize: tuple[float, float]):
-    """A new figure with `nrows` × `ncols` axes (one row: side by side)."""
-    return plt.subplots(nrows, ncols, figsize=figsize)
+def subplots(ncols: int = 1, *, nrows: int = 1, figsize: tuple[float, float], **shared):
+    """A new figure with `nrows` × `ncols` axes (one row: side by side); `sharex` / `sharey` pass on."""
+    return plt.subplots(nrows, ncols, figsize=figsize, **shared)

@@ -3,8 +3,9 @@
 `write_probe_report(rows, out_dir)` writes
   * `summary.md` — one line per run (reference vs candidate or perturbation) with the headline
     divergences, the per-layer SQNR table, and the per-layer isolation map when present;
-  * `per_layer.png` — SQNR (dB) and relative L2 error of every captured layer, one line per run;
+  * `per_layer.png` — SQNR (dB) of every captured layer, one line per run;
   * `kl_cdf.png` — the distribution of per-token KL(p‖q) over scored tokens, one line per run;
+  both with one panel per mismatch source and layer scope, at most `MAX_LEGEND` runs a panel;
   * `layer_map.png` — end-to-end kl_fwd_mean with one decoder block perturbed at a time
     (runs whose layer scope is a single block index, from `mismatch probe --each-layer`).
 """
@@ -17,8 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
+from mismatch.errors import InputError
+from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table,
+                                    save_figure, style_axes, subplots)
 from mismatch.results import per_layer, summaries
+from mismatch.rollout_spec import RolloutSpec
 
 HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
             "tv_mean", "top1_agree", "logp_abs_diff_mean", "is_ratio_outside_frac", "chi2_token",
@@ -70,12 +74,63 @@ def _isolation_section(kl: pd.DataFrame, top1: pd.DataFrame, heading: str = "") 
 def layer_map_figure(kl: pd.DataFrame):
     """kl_fwd_mean vs the block perturbed alone, one line per spec (log scale)."""
     fig, ax = subplots(figsize=(8, 4.2))
-    for spec in kl.columns:
-        ax.plot(kl.index, kl[spec], marker="o", ms=3, label=spec)
+    for i, spec in enumerate(kl.columns):
+        ax.plot(kl.index, kl[spec], marker="o", ms=3, label=spec, linestyle=LINESTYLES[i % len(LINESTYLES)])
     ax.set_yscale("log")
-    style_axes(ax, xlabel="decoder block perturbed alone", ylabel="kl_fwd_mean (nats)", legend=True)
+    style_axes(ax, xlabel="decoder block perturbed alone", ylabel="kl_fwd_mean (nats)")
+    ax.legend(fontsize=LEGEND_FONTSIZE, ncols=1 + (len(kl.columns) - 1) // MAX_LEGEND)
     ax.set_title("Per-layer isolation map")
     return fig
+
+
+LINESTYLES = ("-", "--", "-.", ":")  # beside the shades of a family's colour, so neighbours differ twice
+
+
+def source_of(perturb: object) -> str:
+    """The mismatch source of a probe run's perturbation (`RolloutSpec.source`: format, noise,
+    engine); `other` for a candidate that is another model or dtype, or a spec no longer parsed."""
+    if not isinstance(perturb, str) or perturb in ("", "none"):
+        return "other"
+    try:
+        return RolloutSpec.parse(perturb).source
+    except InputError:
+        return "other"
+
+
+def run_panels(runs: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """The runs split for plotting: grouped by source and layer scope in recorded order, at most
+    `MAX_LEGEND` per panel. Returns `(source, panel title, runs)` per panel."""
+    source = runs["perturb"].map(source_of) if "perturb" in runs else pd.Series("other", index=runs.index)
+    scope = runs["layers"].fillna("linear") if "layers" in runs else pd.Series("linear", index=runs.index)
+    panels = []
+    for (src, where), part in runs.groupby([source, scope], sort=False):
+        chunks = [part.iloc[i:i + MAX_LEGEND] for i in range(0, len(part), MAX_LEGEND)]
+        for k, chunk in enumerate(chunks):
+            numbered = f" ({k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+            panels.append((src, f"{src} · {where}{numbered}", chunk))
+    return panels
+
+
+def _panel_axes(count: int, *, width: float = 5.0, height: float = 3.4, **shared):
+    """A figure with `count` panels, at most 3 a row; the unused cells hidden."""
+    ncols, nrows = min(count, 3), -(-count // 3)
+    fig, axes = subplots(ncols, nrows=nrows, figsize=(width * ncols, height * nrows), **shared)
+    axes = np.atleast_1d(axes).ravel()
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return fig, axes[:count]
+
+
+def _panel_labels(part: pd.DataFrame) -> list[str]:
+    """Legend labels inside a `run_panels` panel, whose title says the source and scope: the
+    perturbation spec alone (the run label for a candidate that is another model or dtype)."""
+    perturb = part["perturb"] if "perturb" in part else pd.Series(None, index=part.index)
+    return [spec if source_of(spec) != "other" else label for spec, label in zip(perturb, part["run"])]
+
+
+def _series_style(source: str, index: int, count: int) -> dict:
+    return dict(color=family_color(source, index, count) if source != "other" else f"C{index}",
+                linestyle=LINESTYLES[index % len(LINESTYLES)])
 
 
 def _sqnr_section(layers: pd.DataFrame, runs: pd.DataFrame, heading: str = "") -> list[str]:
@@ -86,33 +141,38 @@ def _sqnr_section(layers: pd.DataFrame, runs: pd.DataFrame, heading: str = "") -
 
 
 def per_layer_figure(layers: pd.DataFrame, runs: pd.DataFrame):
-    """SQNR and relative L2 error of every captured layer, one line per run."""
-    fig, (ax1, ax2) = subplots(2, figsize=(12, 4.2))
+    """SQNR (dB) of every captured layer, one line per run with per-layer rows, one panel per
+    `run_panels` group (the relative L2 error is the same number: 10^(−SQNR/20))."""
     by_run = dict(tuple(layers.groupby("run_id", sort=False)))
-    for run_id, label in zip(runs["run_id"], runs["run"]):
-        if run_id in by_run:
-            ax1.plot(by_run[run_id]["index"], by_run[run_id]["sqnr_db"], marker="o", ms=3, label=label)
-            ax2.plot(by_run[run_id]["index"], by_run[run_id]["rel_l2"], marker="o", ms=3, label=label)
+    panels = run_panels(runs[runs["run_id"].isin(by_run)])
+    fig, axes = _panel_axes(len(panels), sharey=True)
     names = layers.drop_duplicates("index").sort_values("index")
     step = max(1, len(names) // 12)
-    for ax, ylabel in ((ax1, "SQNR (dB)"), (ax2, "relative L2 error")):
+    for ax, (source, title, part) in zip(axes, panels):
+        for i, (run_id, label) in enumerate(zip(part["run_id"], _panel_labels(part))):
+            ax.plot(by_run[run_id]["index"], by_run[run_id]["sqnr_db"], marker="o", ms=2.5, label=label,
+                    **_series_style(source, i, len(part)))
         ax.set_xticks(names["index"][::step], names["layer"][::step], rotation=45, ha="right")
-        style_axes(ax, ylabel=ylabel)
-    ax2.set_yscale("log")
-    ax1.legend(fontsize=LEGEND_FONTSIZE)
+        style_axes(ax, ylabel="SQNR (dB)", legend=True)
+        ax.set_title(title, fontsize=10)
     fig.suptitle("Hidden-state error per layer (candidate vs reference, scored tokens)")
+    caption(fig, "SQNR = 10 log10(Σ h² / Σ (h − h')²) over the scored tokens; the relative L2 error is 10^(−SQNR/20).")
     return fig
 
 
 def kl_cdf_figure(kl: pd.DataFrame, runs: pd.DataFrame):
-    """Empirical CDF of per-token KL(p‖q), one line per run (log x)."""
-    fig, ax = subplots(figsize=(6.5, 4.2))
-    labels = runs.set_index("run_id")["run"]
-    for run_id, group in kl.groupby("run_id", sort=False):
-        values = np.clip(np.sort(group["value"].to_numpy()), 1e-12, None)  # exact zeros cannot sit on a log axis
-        ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=labels.loc[run_id])
-    ax.set_xscale("log")
-    style_axes(ax, xlabel="per-token KL(p‖q) (nats)", ylabel="fraction of scored tokens ≤ x", legend=True)
+    """Empirical CDF of per-token KL(p‖q), one line per run (log x), one panel per `run_panels` group."""
+    by_run = dict(tuple(kl.groupby("run_id", sort=False)))
+    panels = run_panels(runs[runs["run_id"].isin(by_run)])
+    fig, axes = _panel_axes(len(panels), sharex=True, sharey=True)
+    for ax, (source, title, part) in zip(axes, panels):
+        for i, (run_id, label) in enumerate(zip(part["run_id"], _panel_labels(part))):
+            values = np.clip(np.sort(by_run[run_id]["value"].to_numpy()), 1e-12, None)  # no zeros on a log axis
+            ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label,
+                    **_series_style(source, i, len(part)))
+        ax.set_xscale("log")
+        style_axes(ax, xlabel="per-token KL(p‖q) (nats)", ylabel="fraction of scored tokens ≤ x", legend=True)
+        ax.set_title(title, fontsize=10)
     return fig
 
 

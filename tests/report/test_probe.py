@@ -72,12 +72,13 @@ def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
     runs = summaries(whole).assign(run=lambda f: f.apply(run_label, axis=1))
     layers = per_layer(whole)
     fig = per_layer_figure(layers, runs)
-    sqnr_ax, l2_ax = fig.axes
-    assert len(sqnr_ax.lines) == len(l2_ax.lines) == len(runs) == len(SPECS)
+    (sqnr_ax,) = fig.axes  # both specs are formats on the decoder linears: one panel
+    assert len(sqnr_ax.lines) == len(runs) == len(SPECS) and sqnr_ax.get_title() == "format · linear"
     for line, (_, run) in zip(sqnr_ax.lines, runs.iterrows()):
         mine = layers[layers.run_id == run["run_id"]]
         assert line.get_label() == run["run"] and list(line.get_ydata()) == mine["sqnr_db"].tolist()
-    assert list(l2_ax.lines[1].get_ydata()) == layers[layers.run_id == runs["run_id"].iloc[1]]["rel_l2"].tolist()
+        # the relative L2 error is not drawn: it is the same number
+        assert np.allclose(mine["rel_l2"], 10 ** (-mine["sqnr_db"] / 20), rtol=1e-9)
     token_kl = whole[(whole.level == "token") & (whole.metric == "kl_fwd")]
     fig = kl_cdf_figure(token_kl, runs)
     assert len(fig.axes[0].lines) == token_kl["run_id"].nunique() == len(SPECS)
@@ -85,6 +86,28 @@ def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
         values = np.clip(np.sort(group["value"].to_numpy()), 1e-12, None)
         assert np.array_equal(line.get_xdata(), values)
         assert np.array_equal(line.get_ydata(), np.arange(1, len(values) + 1) / len(values))
+
+
+def test_probe_figures_split_many_runs_into_panels_by_source_and_scope(tmp_path):
+    """11 formats and 2 noise levels on the decoder linears, 2 formats on every layer: panels of at
+    most MAX_LEGEND runs, grouped by source and layer scope, every run drawn exactly once."""
+    from mismatch.report.common import MAX_LEGEND
+
+    formats = ("fp8-e4m3:channel", "fp8-e4m3:tensor", "fp8-e5m2:channel", "int8:channel", "int8:group32",
+               "int4:channel", "int4:group32", "int4:group128", "int3:group32", "int2:group32", "dtype:bf16")
+    run_probes(ProbeConfig(reference="tiny-llama", perturb=(*formats, "noise:0.01", "noise:0.1"), texts=TEXTS),
+               out=tmp_path / "r")
+    run_probes(ProbeConfig(reference="tiny-llama", perturb=SPECS, layers="all", texts=TEXTS), out=tmp_path / "r")
+    rows = read_results(tmp_path / "r")
+    runs = summaries(rows).assign(run=lambda f: f.apply(run_label, axis=1))
+    token_kl = rows[(rows.level == "token") & (rows.metric == "kl_fwd")]
+    expected_titles = ["format · linear (1/2)", "format · linear (2/2)", "noise · linear", "format · all"]
+    for fig in (kl_cdf_figure(token_kl, runs), per_layer_figure(per_layer(rows), runs)):
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        assert [ax.get_title() for ax in axes] == expected_titles
+        assert all(len(ax.get_legend().get_texts()) <= MAX_LEGEND for ax in axes)
+        labels = [line.get_label() for ax in axes for line in ax.lines]  # the scope is in the title
+        assert sorted(labels) == sorted(runs["perturb"]) and len(labels) == len(runs) == 15
 
 
 def test_report_of_a_dataset_writes_every_probe_file(dataset, tmp_path):
