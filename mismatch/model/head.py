@@ -108,10 +108,11 @@ def logprob_chunks(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int, *, ro
     Gradients flow when `hidden_ND` carries them. The chunking never changes a row's value beyond
     fp32 rounding of the head matmul (BLAS sums rows in another order for another row count).
 
-    With `reuse` (no gradients: the head runs under no_grad), every piece is written into one `[rows_per_pass, V]` buffer, which
-    the next piece overwrites: the caller consumes a piece before asking for the next. The values
-    are the same bits; what it saves is a fresh multi-megabyte tensor per piece, which the C
-    allocator maps and page-faults anew each time (measured: the elementwise work up to 3× slower).
+    With `reuse` (no gradients: the head runs under no_grad), every piece is written into one
+    `[rows_per_pass, V]` buffer, which the next piece overwrites: the caller consumes a piece before
+    asking for the next. The values are the same bits; what it saves is a fresh multi-megabyte
+    tensor per piece, which the C allocator may map and page-fault anew each time (measured: the
+    elementwise work up to 3× slower).
 
     Yields:
         `(rows, logp_CV)`: the slice of `hidden_ND` rows and their `[C, V]` fp32 log-probs.

@@ -156,7 +156,8 @@ def per_layer_figure(layers: pd.DataFrame, runs: pd.DataFrame):
         style_axes(ax, ylabel="SQNR (dB)", legend=True)
         ax.set_title(title, fontsize=10)
     fig.suptitle("Hidden-state error per layer (candidate vs reference, scored tokens)")
-    caption(fig, "SQNR = 10 log10(Σ h² / Σ (h − h')²) over the scored tokens; the relative L2 error is 10^(−SQNR/20).")
+    caption(fig, "SQNR = 10 log10(Σ h² / Σ (h − h')²) over the scored tokens; "
+                 "the relative L2 error is 10^(−SQNR/20).")
     return fig
 
 
