@@ -22,18 +22,23 @@ from mismatch.errors import InputError
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table,
                                     save_figure, style_axes, subplots)
 from mismatch.results import per_layer, summaries
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout_spec import NONE_FORMS, RolloutSpec
 
 HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
             "tv_mean", "top1_agree", "logp_abs_diff_mean", "is_ratio_outside_frac", "chi2_token",
             "is_ess", "ppl_cand_over_ref")
 
 
+def _perturbed(perturb: object) -> bool:
+    """Whether a probe run's recorded `perturb` is a spec (not empty, not `none`)."""
+    return isinstance(perturb, str) and perturb not in NONE_FORMS
+
+
 def run_label(run: pd.Series) -> str:
     """Human label of a run: the candidate (unless it is the perturbed reference) and what
     differs from the reference."""
     perturb = run.get("perturb")
-    perturbed = isinstance(perturb, str) and perturb not in ("", "none")
+    perturbed = _perturbed(perturb)
     parts = [] if perturbed and run.get("candidate") == run.get("reference") else [str(run.get("candidate"))]
     if run.get("cand_dtype") not in (None, "fp32", run.get("ref_dtype")):
         parts.append(str(run.get("cand_dtype")))
@@ -89,7 +94,7 @@ LINESTYLES = ("-", "--", "-.", ":")  # beside the shades of a family's colour, s
 def source_of(perturb: object) -> str:
     """The mismatch source of a probe run's perturbation (`RolloutSpec.source`: format, noise,
     engine); `other` for a candidate that is another model or dtype, or a spec no longer parsed."""
-    if not isinstance(perturb, str) or perturb in ("", "none"):
+    if not _perturbed(perturb):
         return "other"
     try:
         return RolloutSpec.parse(perturb).source
@@ -125,7 +130,7 @@ def _panel_labels(part: pd.DataFrame) -> list[str]:
     """Legend labels inside a `run_panels` panel, whose title says the source and scope: the
     perturbation spec alone (the run label for a candidate that is another model or dtype)."""
     perturb = part["perturb"] if "perturb" in part else pd.Series(None, index=part.index)
-    return [spec if source_of(spec) != "other" else label for spec, label in zip(perturb, part["run"])]
+    return [spec if _perturbed(spec) else label for spec, label in zip(perturb, part["run"])]
 
 
 def _series_style(source: str, index: int, count: int) -> dict:
