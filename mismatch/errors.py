@@ -7,6 +7,9 @@ prints exactly that line and exits non-zero; library callers can catch the class
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class MismatchError(Exception):
     """Base class: a user-facing problem with a one-line explanation."""
@@ -26,3 +29,34 @@ class VocabMismatchError(InputError):
 
 class NumericsError(MismatchError):
     """A model produced NaN or Inf logits or hidden states."""
+
+
+class WriteError(MismatchError, OSError):
+    """An output could not be written: the disk is full (`ENOSPC`), a quota is exhausted, the folder
+    went read-only. One line naming the output (not its temporary file) and the system's reason; an
+    `OSError` with the cause's `errno`, so a caller can tell a full disk (`DISK_FULL`) from the rest."""
+
+    def __init__(self, path: object, cause: OSError) -> None:
+        # the system's words for the errno (pyarrow's strerror is "Error writing bytes to file. Detail: …")
+        reason = os.strerror(cause.errno) if cause.errno else (cause.strerror or str(cause))
+        super().__init__(cause.errno, reason, str(path))
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+    @property
+    def disk_full(self) -> bool:
+        return self.errno in DISK_FULL
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # space may be freed and the write retried
+
+
+def of_type(value: object, types: type | tuple[type, ...], what: str) -> None:
+    """Raise `InputError` when `value` is not one of `types`: the API's one-line answer to a wrong argument
+    (`load(123)`) where Python would raise an AttributeError from deep inside."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in (types if isinstance(types, tuple)
+                                                                                 else (types,))):
+        names = " or ".join("None" if t is type(None) else t.__name__ for t in (types if isinstance(types, tuple)
+                                                                                  else (types,)))
+        raise InputError(f"{what} must be {names}, got {type(value).__name__} {str(value)[:40]!r}")

@@ -5,6 +5,7 @@ checking an output path before any work; and the one atomic write (temporary fil
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -12,7 +13,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from mismatch.errors import InputError
+from mismatch.errors import InputError, WriteError
 
 
 def trailing_number(name: str) -> int:
@@ -59,6 +60,22 @@ def read_json(path: str | Path, what: str) -> object:
         raise InputError(f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
+def json_text(value: object, *, indent: int | None = 1) -> str:
+    """`value` as strict JSON: a NaN or an infinity (an undefined interval, a statistic never measured) becomes
+    `null`, which every JSON reader takes, where `json.dumps` would write the bare `NaN` that RFC 8259, `jq` and
+    JavaScript refuse; anything else not JSON-native is written as its `str`."""
+    def finite(v: object) -> object:
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+
+    return json.dumps(finite(value), indent=indent, default=str, allow_nan=False)
+
+
 def check_writable(path: str | Path, what: str, *, folder: bool) -> None:
     """Fail now, before any work, when `path` (a `folder`, or a file) could not be written later: a
     part of it is a file, or its nearest existing folder does not take a new file (read-only, /proc).
@@ -90,13 +107,22 @@ def check_writable(path: str | Path, what: str, *, folder: bool) -> None:
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Write `path` complete or not at all: `write(tmp)` fills a temporary file beside it (same folder,
     so the rename is atomic), which then replaces `path`; the temporary file never stays behind, also
-    when `write` raises. The one temp-then-rename of the package. Returns `path`."""
+    when `write` raises. The one temp-then-rename of the package. Returns `path`.
+
+    Raises:
+        WriteError: the system refused the write (a full disk, a quota, a read-only folder): one line
+            naming `path`, whatever file the writer was at; what `path` held before is untouched.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
+    except WriteError:
+        raise
+    except OSError as exc:  # pyarrow's and matplotlib's write errors are OSErrors too, with the errno
+        raise WriteError(path, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -22,6 +22,12 @@ the new run has ended (`ResultsWriter.finish`); until then readers keep the newe
 (run, item, metric). A single `.parquet` or `.csv` file stays accepted as a destination (the whole
 file is rewritten through a temporary file on every append) and older result files, written
 before `kind` existed, still load.
+
+Writers in several processes may share a destination: a writer holds a lock on each run it is
+writing (`DIR/.locks/<kind>-<run_id>.lock`, from its first part to `finish`), so a second writer of
+the same run waits for the first to finish before it writes (then replaces its parts, as a rewrite
+does) and never removes parts of a run still being written; a single file is locked for each
+read-and-rewrite. The locks are `filelock`'s (an OS lock: a writer that dies releases it).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import torch
+from filelock import FileLock
 import transformers
 
 from mismatch.errors import InputError
@@ -146,14 +153,35 @@ class ResultsWriter:
         self._mine: list[pd.DataFrame] = []  # with overwrite, a file: the rows this writer wrote
         self._session = f"w{os.getpid():x}{time.time_ns() % 16**8:08x}"  # tells this writer's parts apart
         self._flushes: dict[str, int] = {}
+        self._locks: dict[str, FileLock] = {}  # run id → its lock, held from its first part to `finish`
         self._prepared = False
 
     def __enter__(self) -> ResultsWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
+        try:
+            if exc_type is None:
+                self.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        for lock in self._locks.values():
+            lock.release(force=True)
+        self._locks.clear()
+
+    def _run_lock(self, kind: str, rid: str) -> None:
+        """Hold the lock of run `rid` (waiting while another writer holds it) before its first part."""
+        if rid not in self._locks:
+            folder = self.path / ".locks"
+            folder.mkdir(exist_ok=True)
+            lock = FileLock(folder / f"{kind}-{rid}.lock", is_singleton=True)
+            lock.acquire()
+            self._locks[rid] = lock
+
+    def _file_lock(self) -> FileLock:
+        return FileLock(self.path.with_name(f".{self.path.name}.lock"), is_singleton=True)
 
     def _prepare(self) -> None:
         if self._prepared:
@@ -170,12 +198,14 @@ class ResultsWriter:
         """Append the tidy rows of one run (or one flush of a run) and return the file written."""
         self._prepare()
         if self.is_file:
-            frame = pd.concat([read_results(self.path), rows], ignore_index=True) if self.path.exists() else rows
-            write_frame(frame, self.path)
+            with self._file_lock():  # another process's append between the read and the rename would be lost
+                frame = pd.concat([read_results(self.path), rows], ignore_index=True) if self.path.exists() else rows
+                write_frame(frame, self.path)
             if self._overwrite:
                 self._mine.append(rows)
             return self.path
         (kind,), (rid,) = rows["kind"].unique(), rows["run_id"].unique()
+        self._run_lock(kind, rid)
         flush = self._flushes[rid] = self._flushes.get(rid, -1) + 1
         ns = time.time_ns()  # one clock read: parts sort in the order they were written
         stamp = _dt.datetime.fromtimestamp(ns // 10**9, _dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{ns % 10**9:09d}"
@@ -190,7 +220,8 @@ class ResultsWriter:
             return
         for part in self.path.glob(f"*-{kind}-{rid}-*.parquet"):
             if part.name.split("-")[3] != self._session:
-                part.unlink()
+                part.unlink(missing_ok=True)
+        self._locks.pop(rid).release(force=True)
 
     def close(self) -> None:
         """Every run of this writer has ended. With `overwrite`, and once it wrote something, what the
@@ -198,7 +229,8 @@ class ResultsWriter:
         if not self._overwrite or not self._prepared:
             return
         if self.is_file and self._mine:
-            write_frame(pd.concat(self._mine, ignore_index=True), self.path)
+            with self._file_lock():
+                write_frame(pd.concat(self._mine, ignore_index=True), self.path)
         for part in self._earlier:
             part.unlink(missing_ok=True)
         self._overwrite, self._earlier, self._mine = False, [], []

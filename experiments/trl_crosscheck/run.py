@@ -5,10 +5,10 @@ Both engines train the same student against the same teacher with reverse KL ove
 steps, AdamW (β 0.9/0.999, no weight decay) at lr 1e-3 with 10 warm-up steps then cosine to 1e-4, gradient
 norm clipped at 1, fp32. Both are evaluated by the same function (`mismatch.pairs.evaluate.expected_accuracy`:
 the exact expected exact match on the seed's 1,024 held-out prompts) at steps 0, 40 and 80, and by the
-held-out reverse KL of the toolkit's evaluation. TRL runs twice: as shipped (`trl`: its training forward
-passes no position_ids, so GPT-2's left-padded rows train at shifted positions) and with the positions the
-samples were generated at (`trl-fixed`, `MismatchDistillationTrainer`'s default). One process per run, one
-thread each:
+held-out reverse KL of the toolkit's evaluation. TRL runs twice: as shipped (`trl`: `trl.DistillationTrainer`
+itself, whose training forward passes no position_ids, so GPT-2's left-padded rows train at shifted positions;
+the omission huggingface/trl#6800 reports in Online DPO) and with the positions the samples were generated at
+(`trl-fixed`: `MismatchDistillationTrainer`, its default). One process per run, one thread each:
 
     python experiments/trl_crosscheck/run.py --engine trl --seed 0 >> experiments/trl_crosscheck/runs.jsonl
     python experiments/trl_crosscheck/run.py --summarize --plot docs/assets/trl-crosscheck.png
@@ -17,9 +17,11 @@ thread each:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -48,6 +50,7 @@ def evaluate(pair, model, seed: int) -> dict[str, float]:
 
 
 def run_trl(seed: int, fix_positions: bool) -> dict:
+    """One TRL run: `trl.DistillationTrainer` as shipped, or with `fix_positions` the integration's trainer."""
     import trl
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -77,10 +80,10 @@ def run_trl(seed: int, fix_positions: bool) -> dict:
     # the OPD loop's prompt pool for this seed (`mismatch.opd.trainer.setup`)
     train_pool = pair.prompts("train", min(OPDConfig(pair=PAIR).train_prompts, pair.prompt_source.count("train")),
                               seed=seed)
-    trainer = MismatchDistillationTrainer(model=pair.student.model, teacher_model=pair.teacher.model, args=args,
-                                          train_dataset=Dataset.from_dict({"prompt": train_pool}),
-                                          processing_class=pair.student.tokenizer, callbacks=[Evaluate()],
-                                          fix_positions=fix_positions)
+    trainer_class = MismatchDistillationTrainer if fix_positions else trl.DistillationTrainer
+    trainer = trainer_class(model=pair.student.model, teacher_model=pair.teacher.model, args=args,
+                            train_dataset=Dataset.from_dict({"prompt": train_pool}),
+                            processing_class=pair.student.tokenizer, callbacks=[Evaluate()])
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
@@ -166,8 +169,9 @@ def main() -> None:
             plot(a.plot)
         return
     torch.set_num_threads(1)
-    out = run_opd(a.seed) if a.engine == "opd" else run_trl(a.seed, fix_positions=a.engine == "trl-fixed")
-    print(json.dumps({"engine": a.engine, "seed": a.seed, **out}))
+    with contextlib.redirect_stdout(sys.stderr):  # transformers prints TRL's logs: stdout is the run's one JSON line
+        out = run_opd(a.seed) if a.engine == "opd" else run_trl(a.seed, fix_positions=a.engine == "trl-fixed")
+    print(json.dumps({"engine": a.engine, "seed": a.seed, "trl_version": version("trl"), **out}))
     sys.stdout.flush()
 
 

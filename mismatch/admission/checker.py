@@ -24,6 +24,8 @@ model teacher-forced (`mismatch.engines.score_rollouts`); no recipe and no cost 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,7 @@ from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
 from mismatch.engines.source import open_source
-from mismatch.errors import InputError
+from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
 from mismatch.model.loader import LM
 from mismatch.pairs.registry import load_member
@@ -132,7 +134,8 @@ class Pipeline:
 def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear",
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
-          seed: int = 0, clip: float = 2.0, recipe: bool = False, rollouts: str | Path | None = None) -> Admission:
+          seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
+          progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -147,21 +150,31 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         presets: practitioners' gates to apply too (`verl`, `slime`, `nemo-rl`).
         seed: sampling and bootstrap seed (same seed, same answer).
         clip: importance ratios outside [1/clip, clip] are counted.
-        recipe: search a mixed-precision recipe (`mismatch.admission.recipe`) even when not rejected; a
-            rejection by the first (fitted) gate always searches one, against that gate.
+        recipe: True: search a mixed-precision recipe (`mismatch.admission.recipe`) whatever the answer;
+            None (default): search one when the first (fitted) gate rejects, against that gate; False: never
+            (the search probes every block alone: minutes on a real checkpoint).
         rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
             the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
+        progress: `progress(message)` as each stage starts (loading, sampling, scoring, the recipe's
+            search): the CLI prints them on stderr.
 
     Returns:
         An `Admission`.
     """
+    say = progress or (lambda _message: None)
+    of_type(model, (str, os.PathLike, LM), "model")
+    of_type(rollout, (str, type(None)), "rollout")
+    of_type(layers, str, "layers")
+    of_type(rollouts, (str, os.PathLike, type(None)), "rollouts")
+    of_type(recipe, (bool, type(None)), "recipe")
     if rollouts is not None:
         if rollout is not None:  # an explicit spec is never dropped in favour of the dump
             raise InputError("give either a rollout spec or a rollouts file, not both")
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
-                           recipe=recipe)
+                           recipe=recipe, say=say)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
+    say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed)
     select(lm.model, layers)  # fail fast on a bad scope
     cal = calibration_prompts(name, calibration.prompts, calibration.n_prompts, seed)
@@ -171,6 +184,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     table, gates = _thresholds_and_gates(thresholds, presets)
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
+    say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {spec} [{layers}], scoring them")
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
     lagged = _lagged(table, pipeline)
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
@@ -180,8 +194,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
                           notes=[*small_calibration_notes(used["sequences"]), *(n for _, n in lagged)],
                           calibration=used)
-    searched = recipe or decisions[0].status == "reject"  # the fitted (first) gate failed, or asked for
-    kept = _recipe(admission, lm, batch, gates, cal.texts, sample) if searched else []
+    searched = recipe if recipe is not None else decisions[0].status == "reject"  # asked for, or the fitted gate failed
+    if recipe is False and decisions[0].status == "reject":
+        admission.notes.append("no recipe searched (recipe=False, `--no-recipe`)")
+    kept = _recipe(admission, lm, batch, gates, cal.texts, sample, say) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
     return admission
 
@@ -217,10 +233,12 @@ def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]
 
 
 def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
-                presets: tuple[str, ...], clip: float, recipe: bool) -> Admission:
+                presets: tuple[str, ...], clip: float, recipe: bool | None, say: Callable[[str], None]) -> Admission:
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
+    say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed)
     table, gates = _thresholds_and_gates(thresholds, presets)
+    say(f"scoring the rollouts of {rollouts}")
     scored = score_rollouts(lm, rollouts, clip=clip)
     tok = scored.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
@@ -249,8 +267,8 @@ def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, pipel
     return cost
 
 
-def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts: list[str], sample: dict
-            ) -> list[str]:
+def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts: list[str], sample: dict,
+            say: Callable[[str], None]) -> list[str]:
     """Search a recipe for `admission` against its first gate (the fitted one: a preset's gate may
     be out of any recipe's reach); store it, with a note; return the modules it keeps."""
     def verify(scope: str) -> tuple[str, float]:
@@ -259,7 +277,7 @@ def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts
 
     first = admission.decisions[0]
     found = search_recipe(lm, admission.rollout, batch, admission.layers, gates[0].limit, verify,
-                          seed=sample["seed"], baseline=(first.status, first.value))
+                          seed=sample["seed"], baseline=(first.status, first.value), progress=say)
     admission.recipe = found.to_dict()
     admission.notes.append(f"recipe: keep {len(found.kept)} modules ({100 * found.kept_fraction:.1f}% of the "
                            f"linear weights) in high precision → {found.verified_status} "

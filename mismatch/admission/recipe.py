@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from mismatch.model.layout import model_layout
@@ -71,6 +72,13 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+Say = Callable[[str], None]  # a progress line
+
+
+def _silent(_message: str) -> None:
+    pass
 
 
 def module_groups(names: list[str]) -> list[list[str]]:
@@ -121,11 +129,12 @@ def exports(model, kept: list[str], quantized: list[str] | tuple[str, ...] = ())
     return vllm, [head, *llmc_routers, *llmc_kept]
 
 
-def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed: int
+def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed: int, say: Say = _silent
            ) -> tuple[list[tuple[float, list[str]]], dict[str, float]]:
     """Steps 1–2: `(units, isolation)`: every unit (a module group of the worst blocks, or a whole
     other block) with its isolated KL, and the isolation numbers by block / group."""
     block_ids = sorted(by_block)
+    say(f"recipe: {spec} on each of {len(block_ids)} blocks alone")
     iso = [r.result.summary["kl_rev_mean"] for r in probe_candidates(
         lm, batch, [spec], [exact_scope(by_block[b]) for b in block_ids], per_layer=False, seed=seed)]
     isolation = {f"block {b}": e for b, e in zip(block_ids, iso)}
@@ -141,6 +150,7 @@ def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed
             units.append((e, by_block[b]))
             continue
         groups = module_groups(by_block[b])
+        say(f"recipe: {spec} on each module group of block {b} alone")
         res = probe_candidates(lm, batch, [spec], [exact_scope(g) for g in groups], per_layer=False, seed=seed)
         for g, r in zip(groups, res):
             units.append((r.result.summary["kl_rev_mean"], g))
@@ -149,7 +159,7 @@ def _units(lm: LM, spec: str, batch: Batch, by_block: dict[int, list[str]], seed
 
 
 def _keep_and_verify(names: list[str], units: list[tuple[float, list[str]]], full_kl: float, limit: float,
-                     verify) -> tuple[list[str], str, float, int]:
+                     verify, say: Say = _silent) -> tuple[list[str], str, float, int]:
     """Steps 3–4: `(kept, status, value, verifications)` (units sorted by priority)."""
     unit_total = sum(max(e, 0.0) for e, _ in units) or 1.0
     kept: list[str] = []
@@ -170,6 +180,7 @@ def _keep_and_verify(names: list[str], units: list[tuple[float, list[str]]], ful
         rest = [n for n in names if n not in kept]
         if not rest:
             return kept, "admit", 0.0, tries  # everything kept: the reference itself
+        say(f"recipe: verification {tries + 1} (at most {MAX_VERIFICATIONS}), {len(kept)} modules kept")
         status, value = verify(exact_scope(rest))
         tries += 1
         if status == "admit" or state["i"] >= len(units) or tries >= MAX_VERIFICATIONS:
@@ -181,7 +192,7 @@ def _keep_and_verify(names: list[str], units: list[tuple[float, list[str]]], ful
 
 
 def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, verify, *, seed: int = 0,
-                  baseline: tuple[str, float] | None = None) -> Recipe:
+                  baseline: tuple[str, float] | None = None, progress: Say | None = None) -> Recipe:
     """Search the modules to keep in high precision (module docstring).
 
     Args:
@@ -191,10 +202,12 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
         verify: `verify(layers) -> (status, value)`: the check with the format on `layers`.
         baseline: the check's own `(status, value)` for the whole scope; when given and the format's
             KL already lies under the target, nothing is mapped or kept and it is the verification.
+        progress: `progress(message)` at each stage of the search (the blocks isolated, a verification).
 
     Returns:
         The verified `Recipe` (`verified_status` is the check's status of the last verification).
     """
+    say = progress or _silent
     model, spec = lm.model, str(parse_spec(spec))
     names = select(model, scope)
     blocks, n_blocks = block_modules(model), len(model_layout(model).layers)
@@ -205,10 +218,10 @@ def search_recipe(lm: LM, spec: str, batch: Batch, scope: str, limit: float, ver
                                seed=seed)[0].result.summary["kl_rev_mean"]
     units, isolation = [], {}
     if full_kl > TARGET_SHARE * limit or baseline is None:  # something may have to stay: map it
-        units, isolation = _units(lm, spec, batch, by_block, seed)
+        units, isolation = _units(lm, spec, batch, by_block, seed, say)
         units.sort(key=lambda u: -max(u[0], 0.0) / _params(model, u[1]))
     if units or baseline is None:
-        kept, status, value, tries = _keep_and_verify(names, units, full_kl, limit, verify)
+        kept, status, value, tries = _keep_and_verify(names, units, full_kl, limit, verify, say)
     else:  # the format as given already sits far under the limit: the check itself was the verification
         (status, value), kept, tries = baseline, [], 0
     kept = [n for n in names if n in set(kept)]  # model order

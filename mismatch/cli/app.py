@@ -10,7 +10,9 @@
     mismatch monitor runs/trl-out/trainer_state.json --out monitor/ [--patience 3]
 
 A user error (missing model, bad input, mismatched vocabularies) prints one line on stderr and
-exits with status 2; results already written are never touched by a failing run.
+exits with status 2, as does any unexpected error (`mismatch --debug …` adds its traceback): exit 1
+and 3 are only ever verdicts (`check`'s reject and uncertain, `monitor`'s crossed). Results already
+written are never touched by a failing run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import typer
 
 from mismatch.cli import check, engines, monitor, opd, pairs, probe, report, sweep
-from mismatch.cli.common import command
+from mismatch.cli.common import DEBUG_ENV, command
 
 # The library (torch, transformers, …) is imported inside each command, so `--help` and a usage error
 # cost only typer's start-up (benchmarks/bench_cli.py).
@@ -31,6 +33,14 @@ app = typer.Typer(help="Measure training–inference mismatch of LMs for on-poli
 pairs_app = typer.Typer(help="Student–teacher pairs: list them (no subcommand) or build the synthetic ones.",
                         invoke_without_command=True, add_completion=False)
 app.add_typer(pairs_app, name="pairs")
+
+
+@app.callback()
+def options(debug: bool = typer.Option(False, "--debug", help="On an unexpected error, also print its traceback.")
+            ) -> None:
+    """Measure training–inference mismatch of LMs for on-policy distillation."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 USAGE_ERROR = typer.BadParameter.__mro__[1]  # typer's own click UsageError: a bad, unknown or missing option

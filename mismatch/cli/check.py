@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, KlTol, err, out
+from mismatch.cli.common import AccTol, KlTol, Threads, early, err, out, stages
+from mismatch.files import json_text
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 
@@ -29,23 +29,27 @@ def check(
     n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
-    recipe: Annotated[bool, typer.Option(help="Search a mixed-precision recipe even if admitted (a reject always does).")] = False,
+    recipe: Annotated[bool | None, typer.Option("--recipe/--no-recipe", help="Search a mixed-precision recipe "
+                                                "whatever the answer / never (default: on a reject).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
+    threads: Threads = None,
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
     Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
+    early(models=(model,), specs=(rollout,), files=(("prompts file", prompts), ("thresholds file", thresholds),
+                                                     ("rollouts file", rollouts)))
     from mismatch import admission as admission_lib
     from mismatch.cli import tables as console
 
-    with err.status(f"checking {rollout or rollouts} on {model}…"):
+    with stages(f"checking {rollout or rollouts} on {model}") as say:
         calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
-                                        rollouts=rollouts)
+                                        rollouts=rollouts, progress=say)
     if json_out:
-        typer.echo(json.dumps(admission.to_dict(), indent=1, default=str))
+        typer.echo(json_text(admission.to_dict()))
     else:
         out.print(console.admission_table(admission))
         if admission.recipe is not None:
@@ -58,6 +62,7 @@ def thresholds(
     out_path: Annotated[Path, typer.Option("--out", help="Where to write the thresholds JSON.")],
     kl_tol: KlTol = Tolerance.kl_tol,
     acc_tol: AccTol = Tolerance.acc_tol,
+    threads: Threads = None,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
     from mismatch import admission as admission_lib

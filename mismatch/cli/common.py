@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from mismatch.errors import MismatchError
+from mismatch.errors import InputError, MismatchError
 
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
@@ -22,6 +25,56 @@ Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead o
 KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
 Force = Annotated[bool, typer.Option(help="Replace the report of other results that --out-dir holds.")]
+Threads = Annotated[int | None, typer.Option(help="Torch CPU threads for this command (default: torch's, one per "
+                                                  "core; on a shared or loaded machine 1 is often fastest).")]
+
+
+def early(*, models: tuple = (), specs: tuple = (), files: tuple = ()) -> None:
+    """Check what can be checked without torch before a command imports the library (seconds of torch and
+    transformers start-up): model specs resolve to something (`locate`), rollout and perturbation specs parse,
+    input files exist. Each problem is the library's own one-line error, only sooner."""
+    from mismatch.model.catalog import locate
+    from mismatch.rollout_spec import RolloutSpec
+
+    for model in models:
+        if model is not None:
+            locate(model)
+    for spec in specs:
+        if spec is not None:
+            RolloutSpec.parse(spec)
+    for what, path in files:
+        if path is not None and not Path(path).exists():
+            raise InputError(f"{what} not found: {path}")
+
+
+def set_threads(threads: int | None) -> None:
+    """The command's torch intra-op thread count: before torch is imported through the variables it reads
+    (`OMP_NUM_THREADS`, `MKL_NUM_THREADS`), after it through `torch.set_num_threads`."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(f"--threads must be ≥ 1, got {threads}")
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def stages(first: str):
+    """Progress on stderr while a long call runs: yields `say(message)`. A spinner on a terminal; off one (a
+    log, CI, `nohup`) one timestamped line per stage, so a long command is never silent."""
+    if err.is_terminal:
+        with err.status(first) as status:
+            yield status.update
+        return
+
+    def say(message: str) -> None:
+        err.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False, soft_wrap=True)
+
+    say(first)
+    yield say
 
 
 def kept(command: str, options: dict) -> str:
@@ -48,20 +101,52 @@ def quiet_process() -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+DEBUG_ENV = "MISMATCH_DEBUG"  # set (`mismatch --debug …` sets it): an unexpected error also prints its traceback
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def unexpected(exc: BaseException) -> str:
+    """One line for an error the toolkit did not foresee: an OS error as the system says it with the file
+    it concerns (a full disk, a truncated checkpoint's read), else the exception's type and first line, and
+    how to see the traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    hint = "" if debugging() else f" (`mismatch --debug …` or {DEBUG_ENV}=1 prints the traceback)"
+    return f"{type(exc).__name__}: {first_line(exc)}{hint}"
+
+
 def command(group: typer.Typer, name: str | None = None):
-    """Register a command on `group` with one-line errors (exit 2), one line on an interrupt saying
+    """Register a command on `group` with one-line errors (exit 2: a user error, and any unexpected one,
+    whose traceback only `--debug` prints, so exit 1 and 3 stay verdicts), one line on an interrupt saying
     what was kept (exit 130) and quiet `transformers` logging."""
     def register(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             quiet_process()
             try:
+                set_threads(kwargs.get("threads"))
                 return fn(*args, **kwargs)
             except MismatchError as exc:
-                typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)  # one line, never wrapped
+                typer.echo(f"error: {first_line(exc)}", err=True)  # one line, never wrapped
                 raise typer.Exit(2) from None
             except KeyboardInterrupt:
                 typer.echo(f"interrupted: {kept(fn.__name__, kwargs)}", err=True)
                 raise typer.Exit(130) from None
+            except typer.Exit:
+                raise
+            except Exception as exc:  # noqa: BLE001 - exit 1 and 3 are verdicts (check, monitor): a crash is 2
+                typer.echo(f"error: {unexpected(exc)}", err=True)
+                if debugging():
+                    traceback.print_exc()
+                raise typer.Exit(2) from None
         return group.command(name)(wrapper)
     return register

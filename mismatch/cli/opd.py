@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, KlTol, Out, Overwrite, err, out
+from mismatch.cli.common import AccTol, KlTol, Out, Overwrite, Threads, early, err, out
 
 
 def opd(
@@ -32,8 +32,10 @@ def opd(
     out_path: Out = None,
     overwrite: Overwrite = False,
     save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
+    threads: Threads = None,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
+    early(specs=tuple(rollout or ()))
     from mismatch.cli import tables as console
     from mismatch import opd as opd_lib
     from mismatch.opd.tolerance import run_verdicts

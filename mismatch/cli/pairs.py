@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import err, out
+from mismatch.cli.common import Threads, err, out
 
 
 def pairs(ctx: typer.Context) -> None:
@@ -35,6 +35,7 @@ def pairs_show(name: Annotated[str, typer.Argument(help="A pair name or a path t
 def pairs_build(
     name: Annotated[str | None, typer.Argument(help="A synthetic pair; default: all of them.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Build here, not in the cache (one pair).")] = None,
+    threads: Threads = None,
 ) -> None:
     """Train synthetic pairs from scratch (deterministic; minutes on 2 cores) and report accuracies."""
     from mismatch.cli import tables as console

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Out, Overwrite, err, out
+from mismatch.cli.common import Out, Overwrite, Threads, early, err, out
 
 
 def models() -> None:
@@ -45,8 +45,10 @@ def probe(
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 1024,
     out_path: Out = None,
     overwrite: Overwrite = False,
+    threads: Threads = None,
 ) -> None:
     """Probe how far a candidate's next-token distributions are from REFERENCE's."""
+    early(models=(reference, candidate), specs=tuple(perturb or ()), files=(("prompts file", prompts),))
     from mismatch.cli import tables as console
     from mismatch.probes.runs import ProbeConfig, run_probes
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, Force, KlTol, err
+from mismatch.cli.common import AccTol, Force, KlTol, Threads, err
 
 
 def report(
@@ -17,6 +17,7 @@ def report(
     kl_tol: KlTol = Tolerance.kl_tol,
     acc_tol: AccTol = Tolerance.acc_tol,
     force: Force = False,
+    threads: Threads = None,
 ) -> None:
     """Write Markdown tables and plots from results (probe: summary.md + plots; OPD: curves + verdicts)."""
     from mismatch.cli import tables as console
@@ -27,6 +28,7 @@ def report(
 
 def add_costs(
     results: Annotated[Path, typer.Argument(help="A results dataset directory or .parquet/.csv file.")],
+    threads: Threads = None,
 ) -> None:
     """Write the rollout cost factors onto OPD runs written before mismatch stored them (the cost frontier reads them)."""
     from mismatch.opd.runs import add_cost_factors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,8 @@ def sweep(
         "a threshold (default: the study's `decide`).")] = None,
     max_seeds: Annotated[int | None, typer.Option(help="With --decide, the most seeds per level (default: the "
                                                        "study's `max_seeds`, else 10).")] = None,
+    threads: Annotated[int | None, typer.Option(help="Torch threads per task (default: the study's `threads`, else "
+                                                     "1); a resumed task done at another count runs again.")] = None,
 ) -> None:
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
     from mismatch.cli import tables as console
@@ -30,6 +33,8 @@ def sweep(
     from mismatch.sweep.estimate import estimates
 
     plan = sweep_lib.load_study(study)
+    if threads is not None:  # the study's own count, overridden: each task's rows depend on it in the last bits
+        plan = dataclasses.replace(plan, threads=threads)
     decide = plan.decide if decide is None else decide
     max_seeds = plan.max_seeds if max_seeds is None else max_seeds
     if dry_run:

@@ -172,6 +172,7 @@ def sweep_summary(report: SweepReport, out) -> Table:
     """How many tasks ran, were skipped and failed, with each failure's message."""
     table = Table("tasks", "count", title=escape(f"sweep into {out}"))
     for label, count in (("ran", len(report.ran)), ("skipped (done before)", len(report.skipped)),
+                         ("skipped (failed before: --retry-failed runs them)", len(report.skipped_failed)),
                          ("failed", len(report.failed))):
         table.add_row(label, str(count))
     for tid, message in report.failed.items():
@@ -236,8 +237,12 @@ def recipe_text(recipe: dict) -> str:
 
 
 def score_table(result) -> Table:
-    """The summary of `score_rollouts`: each statistic under the probes' and the frameworks' names."""
-    table = Table(title=f"{escape(result.candidate)} scored by {escape(result.reference)}")
+    """The summary of `score_rollouts`: each statistic under the probes' and the frameworks' names, and which
+    trainer side it used (logged by the dump, or recomputed by a model)."""
+    from mismatch.engines.score import trainer_side
+
+    table = Table(title=f"{escape(result.candidate)} scored by {escape(result.reference)}",
+                  caption=f"trainer side: {trainer_side(result)}")
     table.add_column("statistic")
     table.add_column("value", justify="right")
     for key, value in result.summary.items():
@@ -248,19 +253,37 @@ def score_table(result) -> Table:
 
 def monitor_table(report) -> Table:
     """A training log judged: each calibrated statistic (the gating one first) with its last and largest
-    value, limit, steps above it and the longest run of them; then the known names that are not comparable."""
+    value, limit, steps above it (those not finite among them: they count as above) and the longest run of
+    them, then the framework's own gates; below, the caveats, the non-finite steps, the modes the names were
+    read in, the known names that are not comparable, and what the reading left out."""
     alarm = f", alarm at step {report.alarm_step}" if report.alarm_step is not None else ""
+    nonfinite = report.gating.nonfinite_steps
     title = (f"{report.path} ({report.format}, {report.steps} logged steps): {report.status.upper()}{alarm} "
-             f"— {report.gating.name} gates, patience {report.patience}")
+             f"— {report.gating.name} gates, patience {report.patience}"
+             + (f"; {len(nonfinite)} of its steps not finite" if nonfinite else ""))
     table = Table("statistic", "logged as", "last", "max", "limit [bracket]", "steps above", "longest run",
                   title=escape(title))
-    for stat in (report.gating, *report.others):
+    stats = [report.gating, *report.others]
+    for stat in (*stats, *report.framework_gates):
+        own = not any(stat is s for s in stats)  # identity: a Statistic holds a Series
         lo, hi = stat.bracket
-        table.add_row(escape(stat.name + (" (gates)" if stat is report.gating else "")),
-                      escape(f"{stat.logged_as} ({stat.framework})"), f"{stat.values.iloc[-1]:.4g}",
-                      f"{stat.values.max():.4g}", f"{stat.limit:.4g} [{lo:.3g}, {hi:.3g}]",
-                      f"{len(stat.crossed_steps)}/{len(stat.values)}", str(stat.longest_run()))
-    lines = [f"not comparable: {name} ({framework}): {why}" for name, (framework, why, _) in report.not_comparable.items()]
+        label = " (gates)" if stat is report.gating else f" ({stat.framework}'s own gate)" if own else ""
+        bad = len(stat.nonfinite_steps)
+        table.add_row(escape(stat.name + label), escape(f"{stat.logged_as} ({stat.framework})"),
+                      f"{stat.values.iloc[-1]:.4g}", f"{stat.values.max():.4g}",
+                      f"{stat.limit:.4g}" + ("" if own else f" [{lo:.3g}, {hi:.3g}]"),
+                      f"{len(stat.crossed_steps)}/{len(stat.values)}" + (f" ({bad} not finite)" if bad else ""),
+                      str(stat.longest_run()))
+    lines = [f"caveat: {s.name} ({s.logged_as}, {s.framework}): {s.caveat}" for s in stats if s.caveat]
+    lines += [f"not finite: {s.logged_as} at step {', '.join(map(str, s.nonfinite_steps))} (counted as above the "
+              "limit)" for s in stats if s.nonfinite_steps]
+    lines += [f"read as: {s.name} ← {s.logged_as}: {s.mode}" for s in (*stats, *report.framework_gates)
+              if s.mode and s.mode != "every mode"]
+    lines += [f"not comparable: {name} ({framework}): {why}" for name, (framework, why, _) in report.not_comparable.items()]
+    if report.framework_settings:
+        lines.append("framework settings: " + "; ".join(f"{k} = {v} ({where})"
+                                                        for k, (v, where) in report.framework_settings.items()))
+    lines += [f"note: {note}" for note in report.notes]
     lines.append(f"limits {report.thresholds_source}")
     table.caption = escape("\n".join(lines))
     return table

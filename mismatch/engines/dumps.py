@@ -1,13 +1,15 @@
 """Rollout dumps from inference engines: read, validate and write them.
 
 A dump holds sampled responses with the engine's own log-probability of every response token.
-Four record shapes are read, one record per JSONL line (or a JSON array; parquet for ours), the
-shape found per record:
+These record shapes are read (`SHAPES`), one record per JSONL line (or a JSON array; parquet for ours;
+torch files for slime's), the shape found per record:
 
 * **mismatch** (ours, written by `write_rollouts`): `prompt_token_ids` `[P]`, `response_token_ids`
   `[T]`, `response_logprobs` `[T]` (nats), optional `top_logprobs` (per response position a
-  `{token_id: logprob}` map or `[[token_id, logprob], …]`), `response_text`, and `token_ids`
-  (the whole sequence, as verl and slime keep it: it must be the prompt followed by the response).
+  `{token_id: logprob}` map or `[[token_id, logprob], …]`), `response_text`, `token_ids`
+  (the whole sequence, as verl and slime keep it: it must be the prompt followed by the response),
+  `response_scored` (`[T]` booleans: the positions scored, `DumpRecord.scored`; absent: all) and
+  `trainer_logprobs` (`[T]`, the trainer's own, where it logged them).
 * **vLLM** `RequestOutput`: `prompt_token_ids` and `outputs[]` with `token_ids`, `text` and
   `logprobs` (per position `{token_id: Logprob | float}`; JSON turns the ids into strings). Each
   output is one sequence. vLLM returns the raw model's log-probs by default (`logprobs_mode`).
@@ -20,26 +22,38 @@ shape found per record:
   tokenizer (a token string that decodes from exactly one id); the prompt ids from
   `prompt_token_ids` (vLLM's `return_token_ids`), which the OpenAI API itself does not return.
 
-* **prime-rl** token export (`trainer.enable_token_export`, schema version 1: one JSON line per
-  exported sequence, `token_exports/step_S/rank_R.jsonl`; a step's directory reads every rank's file):
-  `token_ids`, `position_ids` (restarting at 0 for each packed sample), `loss_mask`,
-  `inference_logprobs` (the engine's), `trainer_logprobs`, `log_importance_ratio`, `mismatch_kl`, …
-  per token. Each packed sample is one sequence: its prompt the tokens before its first loss-masked
-  token, its response the loss-masked tokens (they must be one contiguous span, ending the sample or
-  followed only by unmasked tokens). prime-rl does not export the sampling temperature (its trainer
-  scales the logits by it): read as 1, and said so.
+* **prime-rl** token export (`trainer.enable_token_export`, schema version 1, `src/prime_rl/trainer/rl/
+  token_export.py` at 559b447: one JSON line per exported sequence, `token_exports/step_S/rank_R.jsonl`): per token
+  `token_ids`, `position_ids`, `loss_mask`, `inference_logprobs` (the engine's), `trainer_logprobs` (both shifted
+  right: index t holds log p(token t | tokens < t)), `rl_weights` / `ce_weights` / `ref_kl_weights` (a column of
+  None: the batch has no such stream), `mismatch_kl`, …. A step's folder reads every rank's file, and only once
+  prime-rl has touched its `STABLE` marker (after every rank flushed): a folder without one is refused, a rank
+  file in one is read with a note. Scored are the tokens prime-rl measures its own `mismatch_kl` on
+  (`prime_rl_measured`): loss-masked and, where the batch has weight streams, RL- or ref-KL-weighted; a
+  CE-only sample (a frozen model's tokens) has none and is skipped, with a note. Each packed sample (its
+  `position_ids` restart at 0) is one sequence: its prompt the tokens before its first scored token, its
+  response from there to its last scored token, the unscored tokens inside (a multi-turn sample's tool output
+  or user turns) context only (`DumpRecord.scored`). prime-rl does not export the sampling temperature (its
+  trainer scales the logits by it): against a model the engine's log-probs are read as temperature 1, and
+  said so; its `trainer_logprobs` are at that temperature too (vLLM's `processed_logprobs`, prime-rl's
+  default), so scored from them (`score_rollouts(None, …)`) no model and no temperature is needed.
 * **slime** debug rollout data (`--save-debug-rollout-data PATH`: `torch.save({"rollout_id", "samples":
-  [Sample.to_dict(), …]})`, read with `torch.load(weights_only=True)`: containers and tensors only):
-  each sample's `tokens` (prompt + response), `response_length`, `rollout_log_probs` (the engine's, one
-  per response token) and `loss_mask` (tool tokens 0: a response with masked tokens inside is refused;
-  trailing masked tokens are dropped). slime stores no sampling settings, but a top-p < 1 run records
-  each token's nucleus (`rollout_top_p_token_ids`): found, it is said.
+  [Sample.to_dict(), …]})`) and train data (`--save-debug-train-data PATH`, format_version 2,
+  `slime/observability/train_data_utils.py` at 624b824: one dict per training sample with its slice of every
+  training column), read with `torch.load(weights_only=True)`: containers and tensors only. Per sample
+  `tokens` (prompt + response), `response_length` (train data: `response_lengths`), `rollout_log_probs` (the
+  engine's, one per response token), `loss_mask` (train data: `loss_masks`; tool tokens 0: context only,
+  trailing ones dropped) and, in train data, the trainer's `log_probs` (at the rollout temperature, over the
+  same nucleus when top-p < 1), which score it without a model. A sample with `remove_sample=True` (train
+  data: a loss mask of 0s) is skipped, as slime trains on none of its tokens. slime stores no sampling
+  settings, but a top-p < 1 run records each token's nucleus (`rollout_top_p_token_ids`): found, it is said.
 
 Log-probs that are not those of the sampling distribution: when the metadata, a record's request
 (`sampling_params`, `request`) or slime's recorded nucleus shows top-p < 1, top-k or min-p, the engine's
 log-probs are of the renormalized truncated distribution, and `log r` carries `−log S` of each step's kept
 mass S (TRL #6789: a kept mass of 0.895 gave an IS ratio mean of 0.896): the dump says so in its `notes`,
-which every score of it repeats. The dump is still read: the statistics then include that truncation.
+which every score of it repeats. The dump is still read: the statistics then include that truncation
+(except where both sides are truncated alike: slime's train data scored from its trainer's `log_probs`).
 
 A line `{"meta": {...}}` (parquet: the schema metadata key `mismatch_rollouts`) carries what the
 engine knows: `vocab_size`, `vocab_fingerprint` (`mismatch.model.tokenizer.vocab_fingerprint`),
@@ -52,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +79,20 @@ from mismatch.files import atomic_write, atomic_write_text, trailing_number
 
 POSITIVE_SLACK = 1e-6  # log-probs up to this above 0 are fp rounding of a near-certain token (read as 0)
 META_KEY = "mismatch_rollouts"
+STEP_DIR = re.compile(r"step_\d+")  # prime-rl's token_exports/step_S folder
 
 
 @dataclass(frozen=True)
 class DumpRecord:
     """One sampled response: token ids, the engine's log-prob of each response token (nats) and,
-    where the engine gave them, its top-k log-probs per response position."""
+    where the engine gave them, its top-k log-probs per response position.
+
+    `scored` marks the response positions the mismatch is measured on (None: every one). An unscored
+    position (a tool's output or a user turn between two loss-masked turns, a token trained on that
+    the policy did not sample) is context only: its `logprobs` (and `trainer_logprobs`) entry is 0.0
+    and never read. A response starts and ends with a scored token: the prompt is everything before
+    the first. `trainer_logprobs` are the trainer's own log p(y) per response position where the
+    framework logged them (prime-rl's `trainer_logprobs`, slime's train data `log_probs`)."""
 
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
@@ -77,6 +100,13 @@ class DumpRecord:
     top_logprobs: tuple[dict[int, float], ...] | None = None
     text: str | None = None  # the response text the engine printed (a tokenizer round-trip check)
     where: str = ""  # "record 3 (line 4, vllm)": named in every error about it
+    scored: tuple[bool, ...] | None = None
+    trainer_logprobs: tuple[float, ...] | None = None
+
+    @property
+    def mask(self) -> tuple[bool, ...]:
+        """Per response position, whether it is scored."""
+        return self.scored if self.scored is not None else (True,) * len(self.response_ids)
 
 
 @dataclass(frozen=True)
@@ -91,7 +121,8 @@ class EngineDump:
 
     @property
     def tokens(self) -> int:
-        return sum(len(r.response_ids) for r in self.records)
+        """The scored tokens."""
+        return sum(sum(r.mask) for r in self.records)
 
 
 def _int(value: Any, where: str, what: str) -> int:
@@ -104,15 +135,15 @@ def _int(value: Any, where: str, what: str) -> int:
     return out
 
 
-def _logprob(value: Any, where: str, at: str) -> float:
+def _logprob(value: Any, where: str, at: str, what: str = "log-prob") -> float:
     if isinstance(value, dict):
         value = value.get("logprob")
     try:
         lp = float(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float
-        raise InputError(f"{where}: log-prob at {at} is {str(value)[:40]}, not a number") from None
+        raise InputError(f"{where}: {what} at {at} is {str(value)[:40]}, not a number") from None
     if not math.isfinite(lp) or lp > POSITIVE_SLACK:
-        raise InputError(f"{where}: log-prob at {at} is {lp!r}; log-probs must be finite and ≤ 0")
+        raise InputError(f"{where}: {what} at {at} is {lp!r}; log-probs must be finite and ≤ 0")
     return min(lp, 0.0)
 
 
@@ -142,7 +173,7 @@ def _top_entry(e: Any, where: str, at: str) -> tuple[int, float]:
 
 
 def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None, text: str | None,
-            where: str, full: Any = None) -> DumpRecord:
+            where: str, full: Any = None, scored: Any = None, trainer: Any = None) -> DumpRecord:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise InputError(f"{where}: no prompt token ids (a response needs at least one token before it)")
     if not isinstance(response, (list, tuple)) or not response:
@@ -153,19 +184,56 @@ def _record(prompt: Any, response: Any, logprobs: list[float], top: list | None,
         raise InputError(f"{where}: {len(r_ids)} response tokens but {len(logprobs)} log-probs")
     if full is not None and [_int(t, where, "token id") for t in full] != [*p_ids, *r_ids]:
         raise InputError(f"{where}: the sequence's token_ids are not its prompt followed by its response")
-    lps = tuple(_logprob(v, where, f"response position {i}") for i, v in enumerate(logprobs))
+    mask = _scored_flags(scored, len(r_ids), where)
+    on = mask or (True,) * len(r_ids)
+    lps = tuple(_logprob(v, where, f"response position {i}") if m else 0.0
+                for i, (v, m) in enumerate(zip(logprobs, on)))
+    if trainer is not None:
+        if len(trainer) != len(r_ids):
+            raise InputError(f"{where}: {len(r_ids)} response tokens but {len(trainer)} trainer log-probs")
+        trainer = tuple(_logprob(v, where, f"response position {i}", "trainer log-prob") if m else 0.0
+                        for i, (v, m) in enumerate(zip(trainer, on)))
     tops = None
     if top is not None:
         if len(top) != len(r_ids):
             raise InputError(f"{where}: {len(r_ids)} response tokens but {len(top)} top-k entries")
         # sorted by token id: the sums over them then do not depend on the engine's listing order
         tops = tuple(dict(sorted(_top(t, where, f"response position {i}").items())) for i, t in enumerate(top))
-    return DumpRecord(p_ids, r_ids, lps, tops, text, where)
+    return DumpRecord(p_ids, r_ids, lps, tops, text, where, mask, trainer)
+
+
+def _scored_flags(scored: Any, n: int, where: str) -> tuple[bool, ...] | None:
+    """The scored flags of an `n`-token response, None when every position is scored."""
+    if scored is None:
+        return None
+    if len(scored) != n:
+        raise InputError(f"{where}: {n} response tokens but {len(scored)} scored flags")
+    mask = tuple(bool(m) for m in scored)
+    if not any(mask):
+        raise InputError(f"{where}: no response position is scored")
+    if not (mask[0] and mask[-1]):
+        raise InputError(f"{where}: the response must start and end with a scored token (the prompt is everything "
+                         "before the first)")
+    return None if all(mask) else mask
+
+
+def _turns(ids: list, scored: list[bool], logprobs: list, trainer: list | None, where: str) -> list[DumpRecord]:
+    """The record of one sequence whose scored tokens are marked per token over the whole sequence (a
+    framework's loss mask, in one or several turns): the prompt everything before the first scored token,
+    the response from it to the last scored one (the tokens after it are context of nothing: dropped);
+    no record when none is scored."""
+    on = [i for i, m in enumerate(scored) if m]
+    if not on:
+        return []
+    first, end = on[0], on[-1] + 1
+    return [_record(ids[:first], ids[first:end], logprobs[first:end], None, None, where, scored=scored[first:end],
+                    trainer=None if trainer is None else trainer[first:end])]
 
 
 def _ours(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
     return [_record(rec.get("prompt_token_ids"), rec.get("response_token_ids"), list(rec.get("response_logprobs") or []),
-                    rec.get("top_logprobs"), rec.get("response_text"), where, rec.get("token_ids"))]
+                    rec.get("top_logprobs"), rec.get("response_text"), where, rec.get("token_ids"),
+                    rec.get("response_scored"), rec.get("trainer_logprobs"))]
 
 
 def _vllm(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
@@ -249,18 +317,33 @@ def _openai(rec: dict, where: str, tokenizer, ids_of: dict | None = None) -> lis
 
 
 PRIME_RL_SCHEMA = 1  # the prime-rl token export schema version read
+SLIME_TRAIN_FORMAT = 2  # the slime train data (--save-debug-train-data) format_version read
 
 
-def _masked_span(mask: list, where: str) -> tuple[int, int] | None:
-    """`(first, end)` of the loss-masked positions, which must be contiguous; None when none is masked."""
-    on = [i for i, m in enumerate(mask) if m]
-    if not on:
+def _stream(rec: dict, name: str, n: int, where: str) -> list[float] | None:
+    """A prime-rl component weight stream (`rl_weights`, `ref_kl_weights`) of an `n`-token sequence; None where
+    the batch had none (the exporter writes a column of None: `token_export.py` `_optional_tensor_to_floats`)."""
+    values = rec.get(name)
+    if values is None or all(v is None for v in values):
         return None
-    first, end = on[0], on[-1] + 1
-    if len(on) != end - first:
-        raise InputError(f"{where}: masked tokens inside the response (a multi-turn or tool sample): only a "
-                         "contiguous loss-masked response is read")
-    return first, end
+    if len(values) != n:
+        raise InputError(f"{where}: {name} has {len(values)} values for {n} tokens")
+    if any(v is None for v in values):
+        raise InputError(f"{where}: {name} has a null (non-finite) weight")
+    return [float(v) for v in values]
+
+
+def prime_rl_measured(loss_mask: list, rl: list[float] | None, ref_kl: list[float] | None) -> list[bool]:
+    """The tokens prime-rl measures its `mismatch_kl` on (`src/prime_rl/trainer/rl/train.py` ~498–506 at 559b447):
+    the loss-masked ones and, where the batch carries a weight stream, of those only the RL- or ref-KL-weighted:
+    the policy's samples. A token weighted by `ce_weights` alone (a frozen model's, distilled by cross-entropy)
+    has no sampling log-prob. No stream at all (`rl` and `ref_kl` None): every loss-masked token."""
+    if rl is None and ref_kl is None:
+        return [bool(m) for m in loss_mask]
+    sampled = [w != 0 for w in rl] if rl is not None else [bool(m) for m in loss_mask]
+    if ref_kl is not None:
+        sampled = [s or w != 0 for s, w in zip(sampled, ref_kl)]
+    return [bool(m) and s for m, s in zip(loss_mask, sampled)]
 
 
 def _prime_rl(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
@@ -268,45 +351,60 @@ def _prime_rl(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
     if version != PRIME_RL_SCHEMA:
         raise InputError(f"{where}: prime-rl token export schema version {version!r}; this reads version "
                          f"{PRIME_RL_SCHEMA}")
-    ids, mask, lps = rec["token_ids"], rec["loss_mask"], rec["inference_logprobs"]
-    positions = rec.get("position_ids") or list(range(len(ids)))
-    if not len(ids) == len(mask) == len(lps) == len(positions):
-        raise InputError(f"{where}: token_ids, loss_mask, inference_logprobs and position_ids differ in length")
+    ids, mask, lps, trainer = rec["token_ids"], rec["loss_mask"], rec["inference_logprobs"], rec.get("trainer_logprobs")
+    n = len(ids)
+    positions = rec.get("position_ids") or list(range(n))
+    if not n == len(mask) == len(lps) == len(positions) == (n if trainer is None else len(trainer)):
+        raise InputError(f"{where}: token_ids, loss_mask, inference_logprobs, trainer_logprobs and position_ids differ "
+                         "in length")
+    if not any(mask):
+        raise InputError(f"{where}: no loss-masked token to score")
+    measured = prime_rl_measured(mask, _stream(rec, "rl_weights", n, where), _stream(rec, "ref_kl_weights", n, where))
     starts = [i for i, p in enumerate(positions) if int(p) == 0] or [0]  # packed samples restart at 0
     if starts[0] != 0:
         starts = [0, *starts]
     out = []
-    for k, (lo, hi) in enumerate(zip(starts, [*starts[1:], len(ids)])):
+    for k, (lo, hi) in enumerate(zip(starts, [*starts[1:], n])):
         w = f"{where}, sample {k}"
-        span = _masked_span(mask[lo:hi], w)
-        if span is None:
-            continue  # nothing trained on in this sample (prompt-only packing remainder)
-        first, end = lo + span[0], lo + span[1]
-        if None in lps[first:end]:
-            raise InputError(f"{w}: inference_logprobs has a null (non-finite) value at a loss-masked token")
-        out.append(_record(ids[lo:first], ids[first:end], lps[first:end], None, None, w))
-    if not out:
-        raise InputError(f"{where}: no loss-masked token to score")
+        if any(lps[i] is None for i in range(lo, hi) if measured[i]):
+            raise InputError(f"{w}: inference_logprobs has a null (non-finite) value at a scored token")
+        out += _turns(ids[lo:hi], measured[lo:hi], lps[lo:hi], None if trainer is None else trainer[lo:hi], w)
     return out
 
 
-def _slime(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
-    tokens, length = list(rec["tokens"]), int(rec["response_length"])
+def _slime_sequence(tokens: list, length: int, mask: Any, engine: list, trainer: list | None, what: tuple[str, str],
+                    where: str) -> list[DumpRecord]:
+    """One slime sample: `tokens` (prompt + response), the response's `length`, its loss mask (None: all 1) and
+    the engine's (and the trainer's) log-probs of its tokens; `what` names the length and mask fields."""
     if not 0 < length < len(tokens):
-        raise InputError(f"{where}: response_length {length} of {len(tokens)} tokens (a prompt and a response needed)")
-    lps = [float(v) for v in rec["rollout_log_probs"] or []]
-    mask = rec.get("loss_mask")
+        raise InputError(f"{where}: {what[0]} {length} of {len(tokens)} tokens (a prompt and a response needed)")
     mask = [1] * length if mask is None else [int(m) for m in mask]
     if len(mask) != length:
-        raise InputError(f"{where}: {length} response tokens but {len(mask)} loss_mask entries")
-    span = _masked_span(mask, where)
-    if span is None or span[0] != 0:
-        raise InputError(f"{where}: the response does not start with a loss-masked token")
-    end = span[1]
-    prompt, response = tokens[:-length], tokens[-length:]
-    if len(lps) != length:
-        raise InputError(f"{where}: {length} response tokens but {len(lps)} rollout_log_probs")
-    return [_record(prompt, response[:end], lps[:end], None, None, where)]
+        raise InputError(f"{where}: {length} response tokens but {len(mask)} {what[1]} entries")
+    if len(engine) != length:
+        raise InputError(f"{where}: {length} response tokens but {len(engine)} rollout_log_probs")
+    if trainer is not None and len(trainer) != length:
+        raise InputError(f"{where}: {length} response tokens but {len(trainer)} log_probs")
+    pad = [0.0] * (len(tokens) - length)
+    return _turns(tokens, [False] * len(pad) + [m != 0 for m in mask], pad + engine,
+                  None if trainer is None else pad + trainer, where)
+
+
+def _slime(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
+    if rec.get("remove_sample"):  # slime zeroes its loss mask (`slime/ray/rollout.py` _convert_samples_to_train_data)
+        return []
+    return _slime_sequence(list(rec["tokens"]), int(rec["response_length"]), rec.get("loss_mask"),
+                           [float(v) for v in rec["rollout_log_probs"] or []], None, ("response_length", "loss_mask"),
+                           where)
+
+
+def _slime_train(rec: dict, where: str, tokenizer) -> list[DumpRecord]:
+    if rec.get("rollout_log_probs") is None:
+        raise InputError(f"{where}: no rollout_log_probs (the engine's log-probs): slime keeps them when its rollout "
+                         "returns log-probs")
+    return _slime_sequence(list(rec["tokens"]), int(rec["response_lengths"]), rec.get("loss_masks"),
+                           [float(v) for v in rec["rollout_log_probs"]], [float(v) for v in rec["log_probs"]],
+                           ("response_lengths", "loss_masks"), where)
 
 
 TRUNCATING = {"top_p": lambda v: v is not None and float(v) < 1.0, "top_k": lambda v: v is not None and int(v) > 0,
@@ -328,16 +426,29 @@ def truncation(settings: Any) -> str | None:
     return ", ".join(found) or None
 
 
+TRUNCATION_BIAS = ("so its log-probs are of the renormalized truncated distribution and log r carries −log S of "
+                   "each step's kept mass S: the statistics include that truncation, which the calibrated limits "
+                   "(temperature 1, no truncation) do not")
+NUCLEUS = "slime recorded each token's top-p nucleus (rollout_top_p_token_ids): top-p < 1"
+
+
 def _record_truncation(rec: dict) -> str | None:
-    """What a record shows of a truncated sampler: its request's settings, or slime's recorded nucleus."""
+    """What a record shows of a truncated sampler, and what it does to the statistics: its request's settings,
+    or slime's recorded nucleus. slime's trainer renormalizes its `log_probs` over that same nucleus
+    (`slime/backends/megatron_utils/loss.py` get_rollout_top_p_logprob_kwargs, its top-p replay), so train
+    data scored from them compares two distributions truncated alike."""
     for settings in (rec.get("sampling_params"), (rec.get("request") or {}).get("sampling_params")
                      if isinstance(rec.get("request"), dict) else None, rec.get("request")):
         found = truncation(settings)
         if found:
-            return f"its request says {found}"
+            return f"its request says {found}, {TRUNCATION_BIAS}"
     nucleus = rec.get("rollout_top_p_token_ids")
     if nucleus is not None and len(nucleus) > 0:
-        return "slime recorded each token's top-p nucleus (rollout_top_p_token_ids): top-p < 1"
+        if "log_probs" in rec:
+            return (f"{NUCLEUS}; slime's trainer renormalizes its log_probs over the same nucleus (top-p replay), so "
+                    "scored from them (no model) both sides are truncated alike, while a model's recomputation is not: "
+                    "its log r carries −log S of each step's kept mass S")
+        return f"{NUCLEUS}, {TRUNCATION_BIAS}"
     return None
 
 
@@ -347,14 +458,32 @@ SHAPES = {  # shape name → (is it this shape?, reader)
     "sglang": (lambda r: isinstance(r.get("meta_info"), dict) and "output_token_logprobs" in r["meta_info"], _sglang),
     "openai": (lambda r: isinstance(r.get("choices"), list), _openai),
     "prime-rl": (lambda r: "inference_logprobs" in r and "token_ids" in r and "loss_mask" in r, _prime_rl),
+    "slime-train": (lambda r: "log_probs" in r and "response_lengths" in r and "tokens" in r, _slime_train),
     "slime": (lambda r: "rollout_log_probs" in r and "response_length" in r and "tokens" in r, _slime),
+}
+TRAINER_FIELDS = {"mismatch": "trainer_logprobs", "prime-rl": "prime-rl trainer_logprobs",
+                  "slime-train": "slime log_probs"}  # shape → the field its trainer log-probs come from
+SKIPPED = {  # shape → why a record of it can have no token to score
+    "prime-rl": "no loss-masked token its trainer measures mismatch on (a CE-only sample: a frozen model's tokens, "
+                "weighted by ce_weights alone), skipped as prime-rl's mismatch_kl skips them",
+    "slime": "remove_sample=True or no loss-masked token: slime trains on none of their tokens",
+    "slime-train": "no loss-masked token (slime zeroes a removed sample's loss mask): slime trains on none of them",
 }
 TEMPERATURE_UNRECORDED = {  # shape → why its log-probs are read as temperature 1
     "prime-rl": "prime-rl's token export does not record the sampling temperature (its orchestrator's "
                 "sampling.temperature): its log-probs are read as temperature-1 sampling's",
     "slime": "slime's rollout data does not record the sampling temperature (--rollout-temperature): its "
              "log-probs are read as temperature-1 sampling's",
+    "slime-train": "slime's train data does not record the sampling temperature (--rollout-temperature): its "
+                   "rollout_log_probs are read as temperature-1 sampling's",
 }
+
+
+def temperature_notes(source: str, shapes: tuple[str, ...]) -> list[str]:
+    """The notes of a dump without a recorded temperature whose shapes cannot record one: against a model (at
+    temperature 1) their log-probs are read as temperature 1's. Their trainers log their own log-probs at the
+    sampling temperature (prime-rl and slime divide the logits by it), so scored from those the notes do not apply."""
+    return [f"{source}: {TEMPERATURE_UNRECORDED[s]}" for s in shapes if s in TEMPERATURE_UNRECORDED]
 
 
 def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = None) -> tuple[str, list[DumpRecord]]:
@@ -371,8 +500,8 @@ def parse_record(rec: Any, where: str, tokenizer=None, _ids_of: dict | None = No
             except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a field missing,
                 # of the wrong kind, or a number out of range
                 raise InputError(f"{w}: malformed record ({type(exc).__name__}: {exc})") from None
-    raise InputError(f"{where}: not a rollout record (keys {sorted(rec)[:6]}); expected the mismatch schema or a "
-                     "vLLM, SGLang or OpenAI-compatible output")
+    raise InputError(f"{where}: not a rollout record (keys {sorted(rec)[:6]}); expected the mismatch schema, a "
+                     "vLLM, SGLang or OpenAI-compatible output, a prime-rl token export or slime debug data")
 
 
 def _json_records(path: Path) -> list[tuple[str, Any]]:
@@ -398,18 +527,36 @@ def _json_records(path: Path) -> list[tuple[str, Any]]:
     return out
 
 
+def _torch_refusal(exc: Exception) -> str:
+    """What `torch.load(weights_only=True)` refused, in whole words: the object it would not unpickle (its
+    message's `Unsupported global: GLOBAL name` clause), else its first sentence. Never torch's advice to load
+    with `weights_only=False`, which runs the file's code."""
+    text = " ".join(str(exc).split())
+    found = re.search(r"Unsupported (global: GLOBAL \S+|operand \S+)", text)
+    if found:
+        return f"{type(exc).__name__}: {found.group(0)}"
+    first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _torch_records(path: Path) -> list[tuple[str, Any]]:
-    """The samples of a slime debug rollout file (`torch.save` of `{"rollout_id", "samples"}`), loaded with
-    `weights_only=True`: containers, numbers, strings and tensors only (no code runs); tensors as lists."""
+    """The samples of a slime debug file, loaded with `weights_only=True` (containers, numbers, strings and
+    tensors only: no code runs; tensors as lists): rollout data (`torch.save` of `{"rollout_id", "samples"}`)
+    or train data (`{"format_version": 2, "rollout_id", "rank", "samples", "dp_shards"}`, samples sorted into
+    rollout order: `slime/observability/train_data_utils.py` `_build_dump_payload`)."""
     import torch
 
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, … for what it will not load safely
-        raise InputError(f"{path}: not a torch file holding only containers and tensors "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+        raise InputError(f"{path}: not a torch file holding only containers and tensors ({_torch_refusal(exc)})"
+                         ) from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise InputError(f"{path}: not slime's rollout data (a dict with a `samples` list)")
+    version = data.get("format_version")
+    if version is not None and version != SLIME_TRAIN_FORMAT:
+        raise InputError(f"{path}: slime train data format_version {version!r}; this reads version "
+                         f"{SLIME_TRAIN_FORMAT}")
 
     def plain(value):
         return value.tolist() if isinstance(value, torch.Tensor) else value
@@ -461,6 +608,9 @@ def read_rollouts(path: str | Path, tokenizer=None) -> EngineDump:
     if not files or not all(f.is_file() for f in files):
         raise InputError(f"rollouts file not found: {path}" + (" (a directory: prime-rl's step_S/ with rank_R.jsonl "
                                                                 "files)" if path.is_dir() else ""))
+    if path.is_dir() and not (path / "STABLE").exists():
+        raise InputError(f"{path}: no STABLE marker: prime-rl marks a step STABLE once every rank has written it, so "
+                         "this one is still being written (or its run stopped first); read a finished step")
     if path.suffix == ".parquet":
         raw_meta, records = _parquet_records(path)
     elif path.suffix in (".pt", ".pth"):
@@ -475,28 +625,34 @@ def read_rollouts(path: str | Path, tokenizer=None) -> EngineDump:
     if raw_meta is not None and not isinstance(raw_meta, dict):
         raise InputError(f"{path}: the metadata must be an object of fields, got {str(raw_meta)[:40]!r}")
     meta = dict(raw_meta or {})
-    shapes, out, ids_of, truncated = [], [], {}, {}
+    shapes, out, ids_of, truncated, skipped = [], [], {}, {}, {}
     for where, rec in records:
         shape, seqs = parse_record(rec, where, tokenizer, ids_of)
         shapes.append(shape)
         out.extend(seqs)
+        if not seqs:
+            skipped.setdefault(shape, []).append(where)
         found = _record_truncation(rec)
         if found:
             truncated.setdefault(found, []).append(where)
-    if not out:
-        raise InputError(f"{path}: no rollout record")
     notes = []
+    for shape, where in skipped.items():
+        notes.append(f"{path}: {len(where)} of {len(records)} records ({where[0]}{', …' if len(where) > 1 else ''}) "
+                     f"have no token to score: {SKIPPED.get(shape, 'no sequence in them')}")
+    if not out:
+        raise InputError(f"{path}: no rollout record" + (f" with a token to score ({notes[0]})" if notes else ""))
     in_meta = truncation(meta)
-    bias = ("so its log-probs are of the renormalized truncated distribution and log r carries −log S of each "
-            "step's kept mass S: the statistics include that truncation, which the calibrated limits (temperature 1, "
-            "no truncation) do not")
     if in_meta:
-        notes.append(f"{path}: its metadata says {in_meta}, {bias}")
+        notes.append(f"{path}: its metadata says {in_meta}, {TRUNCATION_BIAS}")
     for found, where in truncated.items():
-        notes.append(f"{path}: {len(where)} of {len(records)} records ({where[0]}, …): {found}, {bias}")
+        notes.append(f"{path}: {len(where)} of {len(records)} records ({where[0]}, …): {found}")
     shapes = tuple(dict.fromkeys(shapes))
+    if "prime-rl" in shapes and not path.is_dir() and STEP_DIR.fullmatch(path.parent.name) \
+            and not (path.parent / "STABLE").exists():
+        notes.append(f"{path}: its step folder has no STABLE marker: prime-rl may still be writing this step (still "
+                     "being written, or its run stopped first), so its records may be partial")
     if "temperature" not in meta:
-        notes += [f"{path}: {TEMPERATURE_UNRECORDED[s]}" for s in shapes if s in TEMPERATURE_UNRECORDED]
+        notes += temperature_notes(str(path), shapes)
     return EngineDump(tuple(out), str(path), shapes, meta, tuple(notes))
 
 
@@ -507,7 +663,10 @@ def write_rollouts(path: str | Path, records: list[DumpRecord], meta: dict[str, 
     rows = [{"prompt_token_ids": list(r.prompt_ids), "response_token_ids": list(r.response_ids),
              "response_logprobs": list(r.logprobs),
              **({"top_logprobs": [sorted(t.items()) for t in r.top_logprobs]} if r.top_logprobs is not None else {}),
-             **({"response_text": r.text} if r.text is not None else {})} for r in records]
+             **({"response_text": r.text} if r.text is not None else {}),
+             **({"response_scored": list(r.scored)} if r.scored is not None else {}),
+             **({"trainer_logprobs": list(r.trainer_logprobs)} if r.trainer_logprobs is not None else {})}
+            for r in records]
     if path.suffix == ".parquet":
         keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's fields, inferred over all rows
         table = pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})

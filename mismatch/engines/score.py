@@ -1,7 +1,12 @@
-"""Score an engine's rollouts against the trainer's checkpoint: `score_rollouts(model, rollouts)`.
+"""Score an engine's rollouts against the trainer's checkpoint, or against the trainer log-probs the dump
+logged: `score_rollouts(model, rollouts)`, `score_rollouts(None, rollouts)`.
 
 The engine sampled each response and logged `log q(y)` (its own log-probability of every response
-token); the model scores the same tokens teacher-forced, `log p(y)`, in fp32 (the trainer's view).
+token); the model scores the same tokens teacher-forced, `log p(y)`, in fp32 (the trainer's view), each
+whole sequence as context and only its scored positions (`DumpRecord.scored`) as tokens. Without a model
+(`model=None`) the trainer side is the `log p(y)` the dump logged (prime-rl's `trainer_logprobs`, slime's
+train data `log_probs`): the same statistics, from the same code, as a model whose teacher-forced log-probs
+are the logged ones; the result's `reference` says which side was used (`trainer_side`).
 The per-token and summary statistics are those of the probes on sampled tokens
 (`mismatch.metrics.sampled_summary`), the admission check's (`mismatch_*`) and the frameworks'
 (`mismatch.metrics.rollout_stats`: verl, slime, NeMo RL): one metric code for every source.
@@ -20,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mismatch.engines.dumps import DumpRecord, EngineDump, read_rollouts
+from mismatch.engines.dumps import TRAINER_FIELDS, DumpRecord, EngineDump, read_rollouts, temperature_notes
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.files import check_writable
 from mismatch.model.head import Head, head_inputs, logprob_chunks
@@ -38,6 +43,7 @@ TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "is_ratio", "k3
 TOPK_COLUMNS = ("topk", "topk_mass_cand", "kl_fwd_topk", "kl_rev_topk")
 DOUBT_NATS = 3.0  # mean log q − log p per token above which a dump without a tokenizer check is doubted
 REST_TOL = 1e-5  # a rest mass below this is rounding (fp32 log-probs of up to ~20 listed tokens): merged
+LOGGED = "logged trainer log-probs"  # the `reference` of a result whose trainer side the dump logged starts with it
 
 
 def check_dump(dump: EngineDump, lm: LM, *, check_text: bool = True) -> None:
@@ -166,11 +172,11 @@ def _score_group(lm: LM, records: list[DumpRecord], first_seq: int, chunk_tokens
         seq = r.prompt_ids + r.response_ids
         ids[b, :len(seq)] = torch.tensor(seq)
         attn[b, :len(seq)] = 1
-        resp[b, len(r.prompt_ids):len(seq)] = True
+        resp[b, len(r.prompt_ids):len(seq)] = torch.tensor(r.mask)  # unscored positions: context only
     rows = head_inputs(lm.model, ids, attn, response_index(resp)).rows_ND
     seq_N, t_N = resp.nonzero(as_tuple=True)
     token_N = ids[seq_N, t_N]
-    tops = [top for r in records for top in (r.top_logprobs or [None] * len(r.response_ids))]
+    tops = [top for r in records for top, on in zip(r.top_logprobs or [None] * len(r.response_ids), r.mask) if on]
     K = max((len(t) for t in tops if t), default=0)
     top_ids = torch.zeros((len(tops), max(K, 1)), dtype=torch.long)
     top_lq = torch.zeros((len(tops), max(K, 1)), dtype=torch.float64)
@@ -194,20 +200,70 @@ def _score_group(lm: LM, records: list[DumpRecord], first_seq: int, chunk_tokens
     has = top_mask.any(-1)  # tokens without top-k get topk 0 and NaN
     nan = torch.full_like(kl_pq, float("nan"))
     return {"seq": seq_N + first_seq, "pos": t_N, "token": token_N, "logp_ref": logp_N,
-            "logp_cand": torch.tensor([lp for r in records for lp in r.logprobs], dtype=torch.float32),
+            "logp_cand": torch.tensor(_scored(records, "logprobs"), dtype=torch.float32),
             "topk": top_mask.sum(-1), "topk_mass_cand": torch.where(has, mass, nan),
             "kl_fwd_topk": torch.where(has, kl_pq, nan), "kl_rev_topk": torch.where(has, kl_qp, nan)}
 
 
-def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: float = 2.0,
+def _scored(records: list[DumpRecord] | tuple[DumpRecord, ...], name: str) -> list:
+    """A per-response-position field of `records` (`logprobs`, `trainer_logprobs`, `response_ids`) at their scored
+    positions, record after record."""
+    return [v for r in records for v, on in zip(getattr(r, name), r.mask) if on]
+
+
+def _model_columns(lm: LM, dump: EngineDump, check_text: bool, chunk_tokens: int, batch_tokens: int
+                   ) -> dict[str, torch.Tensor]:
+    """Per scored token, the trainer side recomputed: `lm` teacher-forced over each whole sequence."""
+    check_dump(dump, lm, check_text=check_text)
+    parts, first = [], 0
+    for group in _batches(dump.records, batch_tokens):
+        parts.append(_score_group(lm, [dump.records[i] for i in group], first, chunk_tokens))
+        first += len(group)
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _logged_columns(dump: EngineDump) -> dict[str, torch.Tensor]:
+    """Per scored token, the trainer side the dump logged: no model runs."""
+    if not dump.records:
+        raise InputError(f"{dump.source}: no rollout record")
+    missing = next((r for r in dump.records if r.trainer_logprobs is None), None)
+    if missing is not None:
+        raise InputError(f"{missing.where}: no logged trainer log-probs (prime-rl's trainer_logprobs, slime's "
+                         "--save-debug-train-data log_probs, our trainer_logprobs): give the trainer's checkpoint to "
+                         "recompute them")
+    seq = [s for s, r in enumerate(dump.records) for on in r.mask if on]
+    pos = [len(r.prompt_ids) + t for r in dump.records for t, on in enumerate(r.mask) if on]
+    return {"seq": torch.tensor(seq), "pos": torch.tensor(pos),
+            "token": torch.tensor(_scored(dump.records, "response_ids")),
+            "logp_ref": torch.tensor(_scored(dump.records, "trainer_logprobs"), dtype=torch.float32),
+            "logp_cand": torch.tensor(_scored(dump.records, "logprobs"), dtype=torch.float32)}
+
+
+def _logged_fields(dump: EngineDump) -> str:
+    """Where the dump's trainer log-probs come from: `prime-rl trainer_logprobs`, `slime log_probs`, …"""
+    return ", ".join(TRAINER_FIELDS[s] for s in dump.shapes if s in TRAINER_FIELDS)
+
+
+def trainer_side(result: ProbeResult) -> str:
+    """`"logged"` when the trainer side of a `score_rollouts` result is the log-probs its dump logged (no
+    model ran), else `"recomputed"` (a model teacher-forced)."""
+    return "logged" if result.reference.startswith(LOGGED) else "recomputed"
+
+
+def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *, clip: float = 2.0,
                    check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS,
                    out: str | Path | None = None) -> ProbeResult:
-    """Score an engine's sampled rollouts, with its own log-probs, against `model` teacher-forced.
+    """Score an engine's sampled rollouts, with its own log-probs, against the trainer's: `model`
+    teacher-forced, or without a model the trainer log-probs the dump logged.
 
     Args:
-        model: the trainer's checkpoint: anything `mismatch.load` takes, or an `LM`.
+        model: the trainer's checkpoint (anything `mismatch.load` takes, or an `LM`), which recomputes
+            the trainer side; None: the dump's logged trainer log-probs are the trainer side (prime-rl's
+            `trainer_logprobs`, slime's `--save-debug-train-data` `log_probs`: both at the sampling
+            temperature, as the engine's), and no model runs.
         rollouts: a dump file (`mismatch.engines.dumps`: JSONL/JSON/parquet in the mismatch schema or
-            as vLLM, SGLang or OpenAI-compatible servers emit it) or an `EngineDump`.
+            as vLLM, SGLang or OpenAI-compatible servers emit it, prime-rl's token export, slime's
+            debug data) or an `EngineDump`.
         clip: IS ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
         check_text: check that each response's ids decode to the text the engine printed.
         chunk_tokens, batch_tokens: rows per head matmul; padded tokens per forward pass.
@@ -215,11 +271,13 @@ def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: 
 
     Returns:
         A `ProbeResult` with `per_token` columns seq (record order), pos (position in prompt +
-        response), token, logp_ref (the model's log p(y)), logp_cand (the engine's log q(y)),
-        is_ratio = p(y)/q(y), k3, plus topk, topk_mass_cand, kl_fwd_topk, kl_rev_topk (NaN where
-        the engine gave no top-k); an empty `per_layer`; and `summary`: the sampled-token
-        statistics under the probes' names, `mismatch_*` (the admission check's) and the
-        frameworks' names, with `kl_fwd_topk_mean` etc. when top-k log-probs were present.
+        response), token, logp_ref (the trainer's log p(y)), logp_cand (the engine's log q(y)),
+        is_ratio = p(y)/q(y), k3, one row per scored token, plus topk, topk_mass_cand, kl_fwd_topk,
+        kl_rev_topk where a model scored an engine's top-k (NaN where it gave none); an empty
+        `per_layer`; `summary`: the sampled-token statistics under the probes' names, `mismatch_*`
+        (the admission check's) and the frameworks' names, with `kl_fwd_topk_mean` etc. when top-k
+        log-probs were scored; `reference`: the model's name, or `LOGGED` and the field
+        (`trainer_side` says which).
 
     Raises:
         InputError, VocabMismatchError, NumericsError: one line naming the record.
@@ -230,20 +288,16 @@ def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: 
         raise InputError(f"the per-token table's file must end in .parquet or .csv, got {out}")
     if out is not None:
         check_writable(out, "per-token table", folder=False)
-    lm = model if isinstance(model, LM) else load_member(model)
-    dump = rollouts if isinstance(rollouts, EngineDump) else read_rollouts(rollouts, lm.tokenizer)
-    check_dump(dump, lm, check_text=check_text)
-    parts, first = [], 0
-    for group in _batches(dump.records, batch_tokens):
-        parts.append(_score_group(lm, [dump.records[i] for i in group], first, chunk_tokens))
-        first += len(group)
-    cols = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    lm = None if model is None else model if isinstance(model, LM) else load_member(model)
+    tokenizer = None if lm is None else lm.tokenizer  # OpenAI-compatible token strings need it
+    dump = rollouts if isinstance(rollouts, EngineDump) else read_rollouts(rollouts, tokenizer)
+    cols = _logged_columns(dump) if lm is None else _model_columns(lm, dump, check_text, chunk_tokens, batch_tokens)
     lp, lq, seq = cols["logp_ref"], cols["logp_cand"], cols["seq"]
     cols["is_ratio"], cols["k3"] = ratio_columns(lp, lq)
     summary = {**sampled_summary(lp, lq, seq, clip),
                **{f"mismatch_{k}": v for k, v in sampled_token_metrics(lp, lq, clip).items()},
                **rollout_stats(lp, lq, seq)}
-    has = cols["topk"] > 0
+    has = cols["topk"] > 0 if "topk" in cols else torch.zeros(0, dtype=torch.bool)
     if bool(has.any()):  # the top-k columns and their means only where the engine logged top-k
         summary.update({"topk_tokens": float(has.sum()), **{f"{k}_mean": float(cols[k][has].mean())
                                                             for k in TOPK_COLUMNS[1:]}})
@@ -252,9 +306,28 @@ def score_rollouts(model: str | LM, rollouts: str | Path | EngineDump, *, clip: 
     if out is not None:
         write_frame(per_token, Path(out))
     source = f"{dump.source} ({', '.join(dump.shapes)}{', ' + dump.meta['engine'] if dump.meta.get('engine') else ''})"
+    if lm is None:
+        reference, notes = f"{LOGGED} ({_logged_fields(dump)})", _logged_notes(dump)
+    else:
+        reference = lm.name
+        notes = [*dump.notes, *_tokenizer_doubt(dump, lm, summary, check_text)]
+        if any(r.trainer_logprobs is not None for r in dump.records):
+            notes.append(f"{dump.source}: the trainer side is recomputed by {lm.name} teacher-forced; the trainer "
+                         f"log-probs the dump logged ({_logged_fields(dump)}) are not used (score it without a model "
+                         "to use them)")
     return ProbeResult(per_token=per_token, per_layer=pd.DataFrame(columns=list(LAYER_COLUMNS)), summary=summary,
-                       reference=lm.name, candidate=source,
-                       notes=[*dump.notes, *_tokenizer_doubt(dump, lm, summary, check_text)])
+                       reference=reference, candidate=source, notes=notes)
+
+
+def _logged_notes(dump: EngineDump) -> list[str]:
+    """The dump's notes that hold for its logged trainer side: its trainer's log-probs are at the sampling
+    temperature, as the engine's, so the notes reading them as temperature 1 are dropped."""
+    at_one = set(temperature_notes(dump.source, dump.shapes))
+    notes = [n for n in dump.notes if n not in at_one]
+    if any(r.top_logprobs for r in dump.records):
+        notes.append(f"{dump.source}: the engine's top-k log-probs are not scored without a model (the truncated KL "
+                     "needs the trainer's distribution)")
+    return notes
 
 
 def _tokenizer_doubt(dump: EngineDump, lm: LM, summary: dict[str, float], check_text: bool) -> list[str]:

@@ -30,25 +30,34 @@ precision as the student's does (TRL's default `bf16=True` autocasts, on CPU too
 scores exactly as the student.
 Sampling settings the statistics do not model (top-k, min-p, a repetition penalty) are warned about once:
 the statistics are of the temperature / top-p warped distributions, as `check` calibrates them.
+
+The subclass overrides private hooks of TRL's trainer and reads private attributes, a contract TRL does not
+publish: it is tested on `TESTED_TRL`, and importing this module checks the hooks' signatures (`HOOKS`),
+constructing the trainer the attributes (`ATTRIBUTES`), each failing in one line naming the installed TRL.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections import deque
+from collections import defaultdict, deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate.utils import is_peft_model
-from transformers import TrainerCallback
+import trl
+from accelerate.utils import is_peft_model, parse_flag_from_env
+from datasets import Dataset
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from transformers import PreTrainedTokenizerBase, TrainerCallback
 from trl import DistillationTrainer
 
 from mismatch.admission.judge import Decision, judge, resolve_gates, statistics
 from mismatch.admission.thresholds import Thresholds, load_thresholds
-from mismatch.errors import InputError
+from mismatch.errors import InputError, MismatchError
 from mismatch.model.generate import Batch, sequence_logprobs
 from mismatch.model.positions import position_ids
 from mismatch.opd.ring import RolloutCopy
@@ -58,6 +67,110 @@ from mismatch.rollout_spec import RolloutSpec
 log = logging.getLogger("mismatch")
 ON_VIOLATION = ("warn", "stop")
 STATUS_CODE = {"admit": 1.0, "uncertain": 0.0, "reject": -1.0}  # `admission/status` in the logs
+
+# -- the TRL contract ---------------------------------------------------------------------------------------
+
+TESTED_TRL = SpecifierSet(">=1.16.0,<1.17")  # the releases the tests ran on (1.16.0); pyproject's `trl` extra
+# TRL's private methods this module overrides or calls, with their parameters in TRL 1.16.0
+# (trl/trainer/distillation_trainer.py: 1003, 1465, 1532, 952)
+HOOKS: dict[str, tuple[str, ...]] = {
+    "_generate_single_turn": ("self", "prompt_ids", "images", "multimodal_fields", "has_tool_images=False"),
+    "_get_last_hidden_state": ("self", "unwrapped_model", "input_ids", "attention_mask", "logits_to_keep",
+                               "pixel_values=None", "image_grid_thw=None", "pixel_attention_mask=None",
+                               "spatial_shapes=None", "image_sizes=None", "token_type_ids=None",
+                               "mm_token_type_ids=None", "image_position_ids=None"),
+    "_generate_and_score_completions": ("self", "inputs"),
+    "_tokenize_prompts": ("self", "prompts"),
+}
+
+
+def _is_metrics(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(value.get(mode), defaultdict) and value[mode].default_factory is list for mode in ("train", "eval"))
+
+
+# the trainer attributes read (TRL 1.16.0 sets them in `DistillationTrainer.__init__`: 398–402, 762;
+# `model_wrapped`, transformers' `Trainer`, is what TRL's `_generate_single_turn` generates from)
+ATTRIBUTES: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "_metrics": ("{'train', 'eval'} → defaultdict(list)", _is_metrics),
+    "_tokenizer": ("a tokenizer", lambda v: isinstance(v, PreTrainedTokenizerBase)),
+    "_is_vlm": ("a bool", lambda v: isinstance(v, bool)),
+    "model_wrapped": ("a module", lambda v: isinstance(v, torch.nn.Module)),
+}
+
+
+class TRLVersionError(MismatchError):
+    """The installed TRL's trainer differs from the hooks or attributes this module was written against."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"trl {trl.__version__}: {what}; mismatch.integrations.trl is tested with trl{TESTED_TRL} "
+                         f"(pip install 'trl{TESTED_TRL}')")
+
+
+def _parameters(function) -> tuple[str, ...]:
+    """`function`'s parameters as `HOOKS` writes them: names, with `=default` where one is given."""
+    return tuple(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                 for p in inspect.signature(function).parameters.values())
+
+
+def check_trl(trainer_class: type = DistillationTrainer, hooks: dict[str, tuple[str, ...]] = HOOKS) -> None:
+    """Check that `trainer_class` has every hook of `hooks` with exactly those parameters (names, order and
+    defaults; annotations aside). Run at import; a TRL outside `TESTED_TRL` whose hooks match logs a warning.
+
+    Raises:
+        TRLVersionError: a hook is missing or takes other parameters; one line with the installed TRL version.
+    """
+    for name, want in hooks.items():
+        if not callable(getattr(trainer_class, name, None)):
+            raise TRLVersionError(f"{trainer_class.__name__} has no {name}, which this integration relies on")
+        got = _parameters(getattr(trainer_class, name))
+        if got != want:
+            raise TRLVersionError(f"{trainer_class.__name__}.{name} takes ({', '.join(got)}), this integration "
+                                  f"expects ({', '.join(want)})")
+    if Version(trl.__version__) not in TESTED_TRL:
+        log.warning(f"mismatch: trl {trl.__version__} is outside the tested trl{TESTED_TRL}; its hooks' signatures "
+                    "match, their behaviour is untested")
+
+
+def check_attributes(trainer: DistillationTrainer) -> None:
+    """Check that a constructed TRL trainer has every attribute of `ATTRIBUTES`, of the kind read.
+
+    Raises:
+        TRLVersionError: one is missing or of another kind; one line with the installed TRL version.
+    """
+    for name, (kind, is_kind) in ATTRIBUTES.items():
+        if not hasattr(trainer, name):
+            raise TRLVersionError(f"DistillationTrainer.{name} is not set, which this integration reads")
+        if not is_kind(getattr(trainer, name)):
+            raise TRLVersionError(f"DistillationTrainer.{name} is a {type(getattr(trainer, name)).__name__}, "
+                                  f"this integration reads it as {kind}")
+
+
+check_trl()
+
+
+def sharding_of(args) -> str | None:
+    """How the training arguments shard the student's parameters across processes, if they do.
+
+    Args:
+        args: TRL's `DistillationConfig` (a transformers `TrainingArguments`).
+
+    Returns:
+        "FSDP" when `args.fsdp_plugin_args` is set (`fsdp=…`, from which transformers' `Trainer` builds accelerate's
+        FSDP plugin) or accelerate's launcher asked for it (`accelerate launch --use_fsdp` sets ACCELERATE_USE_FSDP,
+        which accelerate's `AcceleratorState` reads); "DeepSpeed ZeRO-3" when `args.deepspeed_plugin.zero_stage`
+        is 3 (a `deepspeed=` config, or the launcher's, as TRL itself reads it); else None.
+    """
+    if getattr(args, "fsdp_plugin_args", None) is not None or parse_flag_from_env("ACCELERATE_USE_FSDP", default=False):
+        return "FSDP"
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
+    return None
+
+
+def _round_up(n: int, multiple: int | None) -> int:
+    return n if not multiple else -(-n // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -146,7 +259,13 @@ class MismatchDistillationTrainer(DistillationTrainer):
             absolute position embeddings: GPT-2, OPT) trains every left-padded row at positions shifted by its
             padding (huggingface/trl#6800 reports the same omission in Online DPO); with True (the default) the
             student's and the teacher's training forwards get `position_ids` counted from each row's first
-            attended token, as `generate` counts them — for rotary models a no-op. False: TRL's own forward.
+            attended token, as `generate` counts them — for rotary models a no-op; a PEFT student is unwrapped
+            as TRL unwraps it (adapters in place). False: TRL's own forward.
+
+    Raises:
+        InputError: an argument out of range; FSDP or DeepSpeed ZeRO-3 (`sharding_of`: untested, refused); a
+            longest row past the student's or the teacher's positions (`_check_positions`).
+        TRLVersionError: the installed TRL's trainer lacks an attribute this class reads (`ATTRIBUTES`).
 
     Attributes:
         rollout_copy: the `mismatch.opd.ring.RolloutCopy` that samples (None with `rollout=None`).
@@ -166,7 +285,19 @@ class MismatchDistillationTrainer(DistillationTrainer):
         table = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(
             thresholds if isinstance(thresholds, (str, Path)) else None)
         self.gates = resolve_gates(thresholds if isinstance(thresholds, dict) else None, table)
+        try:
+            training_args = inspect.signature(DistillationTrainer.__init__).bind_partial(self, *args, **kwargs)
+        except TypeError:  # TRL's own call below says so, in its words
+            training_args = None
+        sharding = sharding_of(training_args.arguments.get("args")) if training_args is not None else None
+        if sharding is not None:
+            # TRL's generation gathers the parameters of `model_wrapped`, which the copy would replace with an
+            # unsharded model, and the statistics read the student's parameters whole
+            raise InputError(f"{sharding} shards the student's parameters: MismatchDistillationTrainer is not "
+                             "supported (untested) under FSDP or DeepSpeed ZeRO-3")
         super().__init__(*args, **kwargs)
+        check_attributes(self)
+        self._check_positions()
         if spec is not None and self.use_vllm:
             raise InputError("a rollout copy replaces the trainer's own generation; turn use_vllm off")
         if spec is not None and self.tools:
@@ -194,6 +325,38 @@ class MismatchDistillationTrainer(DistillationTrainer):
         self.last_rollout: tuple[Batch, torch.Tensor, torch.Tensor] | None = None
         self.stop_requested = False
         self.add_callback(_GateStop(self))
+
+    def _check_positions(self) -> None:
+        """Refuse a run whose longest row needs more positions than the student or the teacher has.
+
+        A row is a prompt and up to `max_completion_length` sampled tokens, each part padded to
+        `pad_to_multiple_of` as TRL pads them; the longest prompt is measured by TRL's own tokenization
+        (`_tokenize_prompts`, text only) over every map-style `datasets.Dataset` given (train and eval), else
+        taken as 1 token. A learned position table (GPT-2's) fails in `generate` with `IndexError: index out of
+        range in self` as soon as a sample runs past `max_position_embeddings`.
+
+        Raises:
+            InputError: one line with the lengths and the largest `max_completion_length` that fits.
+        """
+        evals = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
+        longest = 1
+        for data in (self.train_dataset, *evals):
+            if isinstance(data, Dataset) and "prompt" in data.column_names and not self._is_vlm:
+                for chunk in data.iter(batch_size=1024):
+                    longest = max(longest, *map(len, self._tokenize_prompts(chunk["prompt"])[0]))
+        multiple, completion = self.pad_to_multiple_of, self.max_completion_length
+        prompt = _round_up(longest, multiple)
+        need = prompt + _round_up(completion, multiple)
+        for role, model in (("student", self.model), ("teacher", self.teacher_model)):
+            config = None if model is None else self.accelerator.unwrap_model(model).config.get_text_config()
+            positions = getattr(config, "max_position_embeddings", None)
+            if positions is not None and need > positions:
+                fit = (positions - prompt) // (multiple or 1) * (multiple or 1)
+                padded = f", padded to multiples of {multiple}," if multiple else ""
+                raise InputError(f"max_completion_length {completion} + the longest prompt ({longest} tokens){padded} "
+                                 f"needs {need} positions, but the {role} has {positions} positions "
+                                 f"(max_position_embeddings): " + (f"set max_completion_length ≤ {fit}" if fit > 0
+                                                                   else "shorten the prompts"))
 
     # -- generation ---------------------------------------------------------------------------------------
 
@@ -238,11 +401,13 @@ class MismatchDistillationTrainer(DistillationTrainer):
 
     def _get_last_hidden_state(self, unwrapped_model, input_ids, attention_mask, logits_to_keep, **multimodal):
         """TRL's head inputs `(B, logits_to_keep, H)` of the completion tokens; with `fix_positions`, from a
-        text-only backbone forward given the generation's `position_ids` (see the class docstring)."""
-        backbone = getattr(unwrapped_model, "base_model", None)
+        text-only backbone forward given the generation's `position_ids` (see the class docstring). A PEFT
+        model is unwrapped as TRL unwraps it: its transformers model, adapters in place."""
+        model = unwrapped_model.base_model.model if is_peft_model(unwrapped_model) else unwrapped_model  # TRL: 1480
+        backbone = getattr(model, "base_model", None)
         takes_positions = backbone is not None and "position_ids" in inspect.signature(backbone.forward).parameters
         if (not self.fix_positions or self._is_vlm or any(v is not None for v in multimodal.values())
-                or is_peft_model(unwrapped_model) or not takes_positions):
+                or not takes_positions):
             return super()._get_last_hidden_state(unwrapped_model, input_ids, attention_mask, logits_to_keep,
                                                   **multimodal)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError
 from safetensors.torch import save_model
 from transformers.utils import logging as hf_logging
 from transformers import (
@@ -46,7 +47,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models  # noqa: F401  (re-exported)
+from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
@@ -301,6 +302,9 @@ def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTra
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelNotAvailableError(f"cannot load the model in {path}: {str(exc).strip().splitlines()[0]}") from None
+    except SafetensorError as exc:  # a truncated or corrupt weights file (a copy cut short, a full disk)
+        raise ModelNotAvailableError(f"cannot load the model in {path}: a weights file is truncated or corrupt "
+                                     f"(safetensors: {str(exc).strip().splitlines()[0]})") from None
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ModelNotAvailableError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
                                      "tokenizer's files beside the weights")
@@ -315,13 +319,7 @@ def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTra
 
 
 def _load_hub_cache(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    found = try_to_load_from_cache(repo_id, "config.json")
-    if not isinstance(found, str):
-        raise ModelNotAvailableError(
-            f"'{repo_id}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a local directory, "
-            f"nor in the local Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}); "
-            f"download it on a machine with network (`hf download {repo_id}`) or pass its directory"
-        )
+    found = try_to_load_from_cache(repo_id, "config.json")  # present: `locate` checked it
     try:
         return _load_local(Path(found).parent, dtype)
     except OSError as exc:
@@ -373,16 +371,15 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) 
 def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
     if not isinstance(spec, str) or not spec.strip():
         raise InputError("model spec must be a non-empty string")
-    if spec in BUILTIN_MODELS:
+    where = locate(spec)  # the one resolution rule, and its errors
+    if where == "builtin":
         model, tokenizer = BUILTIN_MODELS[spec][1](dtype, seed)
-    elif Path(spec).expanduser().is_dir():
+    elif where == "directory":
         model, tokenizer = _load_local(Path(spec).expanduser(), dtype)
-    elif spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+    elif where == "hub cache":
         model, tokenizer = _load_hub_cache(spec, dtype)
-    else:
-        raise ModelNotAvailableError(
-            f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
-            "not an existing directory, not a hub id (org/name)"
-        )
+    else:  # PAIR:ROLE reaches here only from outside the pair registry (`mismatch.load` resolves it first)
+        raise ModelNotAvailableError(f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
+                                     "not an existing directory, not a hub id (org/name)")
     model.eval()
     return LM(model=model, tokenizer=tokenizer, name=spec)

@@ -28,6 +28,7 @@ with its availability check and loader; `availability` and `load_pair` dispatch 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
+from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError, of_type
 from mismatch.hashing import content_hash
 from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
@@ -388,6 +389,8 @@ def member_spec(spec: str, *, build: bool = True) -> str:
     Raises:
         InputError: `PAIR:ROLE` with an unknown pair or role.
     """
+    of_type(spec, (str, os.PathLike), "a model spec")
+    spec = os.fspath(spec)
     name, sep, role = spec.rpartition(":")
     if not sep or name not in PAIRS:
         return spec
@@ -418,7 +421,7 @@ def load_member(spec: str, **kwargs) -> LM:
         ModelNotAvailableError, InputError: the spec cannot be resolved without the network.
     """
     lm = load(member_spec(spec), **kwargs)
-    return LM(lm.model, lm.tokenizer, spec)
+    return LM(lm.model, lm.tokenizer, os.fspath(spec))
 
 
 def student_architecture(pair: str):
@@ -461,7 +464,8 @@ def load_pair(name: str, *, dtype: str = "fp32", progress: Progress | None = Non
         VocabMismatchError: student and teacher do not share a vocabulary.
         InputError: unknown name, bad TOML.
     """
-    spec = pair_spec(name)
+    of_type(name, (str, os.PathLike), "a pair name")
+    spec = pair_spec(os.fspath(name))
     pair = pair_kind(spec).load(spec, dtype, progress)
     check_same_vocabulary(pair.student, pair.teacher, pair.name)
     return pair

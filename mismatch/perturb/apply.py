@@ -78,7 +78,7 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
     snap = Snapshot(spec=str(config), layers=layers, names=names)
     _mark_active(model, snap)
     try:
-        kind.apply(config, model, names, snap, ApplyContext(seed=seed, calibration_ids=calibration_ids))
+        kind.handler(config, model, names, snap, ApplyContext(seed=seed, calibration_ids=calibration_ids))
     except BaseException:
         restore_(model, snap)
         raise

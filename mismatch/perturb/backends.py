@@ -32,7 +32,7 @@ from torch import nn
 
 from mismatch.errors import InputError
 from mismatch.perturb.configs import BnbConfig, QuantoConfig
-from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
+from mismatch.perturb.registry import ApplyContext
 from mismatch.perturb.scope import is_linear
 from mismatch.perturb.snapshot import Snapshot, named_targets, swap_module_, weight_names, weight_out_in
 
@@ -169,18 +169,3 @@ def _apply_quanto_(config: QuantoConfig, model: nn.Module, names: list[str], sna
             model(input_ids=ctx.calibration_ids.to(device), use_cache=False)
     for q in swapped:
         q.freeze()
-
-
-register_kind(Kind(
-    names=("bnb-int8", "bnb-nf4", "bnb-fp4"), config=BnbConfig, parse=BnbConfig.from_spec, apply=_apply_bnb_,
-    backend=Backend.BITSANDBYTES, usage=("bnb-int8", "bnb-nf4", "bnb-fp4"),
-    description="real bitsandbytes `Linear8bitLt` (LLM.int8(), threshold 6; fp32 activations cast to fp16) / "
-                "`Linear4bit` (fp32 compute)",
-    examples=("bnb-int8", "bnb-nf4", "bnb-fp4")))
-
-register_kind(Kind(
-    names=("quanto-int8", "quanto-int4", "quanto-fp8"), config=QuantoConfig, parse=QuantoConfig.from_spec,
-    apply=_apply_quanto_, backend=Backend.QUANTO, usage=("quanto-int8", "quanto-int4", "quanto-fp8", "…:a8"),
-    description="real optimum-quanto `QLinear` with qint8 / qint4 / qfloat8 weights; `:a8` adds qint8 activations "
-                "whose static scales are calibrated on `calibration_ids` (the probed batch)",
-    examples=("quanto-int8", "quanto-int4", "quanto-fp8", "quanto-int8:a8", "quanto-fp8:a8")))

@@ -20,7 +20,7 @@ from mismatch.model.loader import parse_dtype
 from mismatch.model.moe import is_experts
 from mismatch.perturb import rounding
 from mismatch.perturb.configs import DtypeConfig, FP8Config, IntConfig, NoiseConfig
-from mismatch.perturb.registry import ApplyContext, Backend, Kind, register_kind
+from mismatch.perturb.registry import ApplyContext
 from mismatch.perturb.snapshot import (Snapshot, bias_names, named_targets, swap_param_, swap_weight_, weight_names,
                                        weight_out_in)
 
@@ -100,33 +100,3 @@ def _apply_noise_(config: NoiseConfig, model: nn.Module, names: list[str], snap:
             rms = w.float().pow(2).mean(dim=(-2, -1), keepdim=True).sqrt()
             eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
             swap_weight_(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype), attr)
-
-
-register_kind(Kind(
-    names=("fp8-e4m3", "fp8-e5m2"), config=FP8Config, parse=FP8Config.from_spec, apply=_apply_fp8_,
-    backend=Backend.TORCH, usage=("fp8-e4m3:tensor|channel|block128", "fp8-e5m2:…", "…,w8a8"),
-    description="weights rounded through `torch.float8_e4m3fn` / `float8_e5m2` with an absmax scale per tensor / "
-                "output channel / 128×128 block (saturating), de-quantized, fp32 matmul; `w8a8` adds dynamic "
-                "per-token FP8 rounding of every targeted linear's input",
-    examples=("fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
-              "fp8-e5m2:channel", "fp8-e5m2:block128,w8a8")))
-
-register_kind(Kind(
-    names=("int8", "int4", "int3", "int2"), config=IntConfig, parse=IntConfig.from_spec, apply=_apply_int_,
-    backend=Backend.TORCH, usage=("int8:channel", "int4:group128", "int3:…", "int2:…", "…:groupN"),
-    description="symmetric integer rounding in torch, one absmax scale per output channel or per group of N "
-                "input columns (int2: the ternary {−1, 0, 1}·scale)",
-    examples=("int8:channel", "int4:group128", "int4:group32", "int8:group128", "int4:channel", "int3:group32",
-              "int2:group32")))
-
-register_kind(Kind(
-    names=("dtype",), config=DtypeConfig, parse=DtypeConfig.from_spec, apply=_apply_dtype_,
-    backend=Backend.TORCH, usage=("dtype:bf16", "dtype:fp16"),
-    description="targeted linears run in that dtype (weights cast, inputs cast, outputs cast back)",
-    examples=("dtype:bf16", "dtype:fp16")))
-
-register_kind(Kind(
-    names=("noise",), config=NoiseConfig, parse=NoiseConfig.from_spec, apply=_apply_noise_,
-    backend=Backend.TORCH, usage=("noise:SIGMA",),
-    description="W ← W + σ·rms(W)·ε per weight tensor, ε ~ N(0, 1) from a generator seeded by `seed`",
-    examples=("noise:0", "noise:0.03", "noise:1e-05")))

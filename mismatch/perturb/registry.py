@@ -4,23 +4,29 @@ Modelled on torchao's `register_quantize_module_handler` (config type → module
 lm-eval's `api/registry.py`. A `Kind` bundles everything about one kind: its spec name(s), frozen
 config class, parser, apply handler, backend and a one-line description. `parse_spec`, the
 unknown-kind error, `perturb_`'s dispatch and the docs' spec table (docs/design.md) (`render_spec_table`) all read
-it, so adding a kind is one `register_kind` call in the module that implements it
-(`native`, `backends`; `mismatch.perturb.spec` imports them all).
+it, so adding a kind is one `register_kind` call (the built-in kinds' are in `mismatch.perturb.kinds`).
+
+The grammar side (names, config, parser) imports no torch: a handler may be named as `"module:function"`
+and is imported only when a perturbation is applied (`Kind.handler`), so a spec is validated — and a CLI
+typo answered — before torch and transformers load.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from mismatch.errors import InputError
 from mismatch.perturb.configs import PerturbConfig, SpecText
-from mismatch.perturb.snapshot import Snapshot
+
+if TYPE_CHECKING:  # the grammar never needs torch; handlers do, and import it themselves
+    import torch
+    from torch import nn
+
+    from mismatch.perturb.snapshot import Snapshot
 
 
 class Backend(StrEnum):
@@ -41,7 +47,7 @@ class ApplyContext:
 
 
 # handler(config, model, selected module names, snapshot to record originals in, context)
-Handler = Callable[[Any, nn.Module, list[str], Snapshot, ApplyContext], None]
+Handler = Callable[[Any, "nn.Module", list[str], "Snapshot", ApplyContext], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +58,8 @@ class Kind:
         names: the `KIND` part(s) of its specs, e.g. `("bnb-int8", "bnb-nf4", "bnb-fp4")`.
         config: its frozen config class; `perturb_` dispatches on `type(config)`.
         parse: `SpecText` → config (raises `InputError` naming the valid options).
-        apply: the handler; perturbs the selected modules in place, recording originals.
+        apply: the handler, or its `"module:function"` name (imported on first use: `handler`); it
+            perturbs the selected modules in place, recording originals.
         backend: what runs it.
         usage: the spec forms shown in the docs table (`|` separates alternatives).
         description: one line for the docs table.
@@ -62,7 +69,7 @@ class Kind:
     names: tuple[str, ...]
     config: type
     parse: Callable[[SpecText], PerturbConfig]
-    apply: Handler
+    apply: Handler | str
     backend: Backend
     usage: tuple[str, ...]
     description: str
@@ -73,6 +80,16 @@ class Kind:
             raise ValueError(f"kind {self.config.__name__}: names, usage and examples must not be empty")
         if "\n" in self.description or not self.description.strip():
             raise ValueError(f"kind {self.names[0]}: the description must be one non-empty line")
+        if isinstance(self.apply, str) and self.apply.count(":") != 1:
+            raise ValueError(f"kind {self.names[0]}: a handler name is 'module:function', got {self.apply!r}")
+
+    @property
+    def handler(self) -> Handler:
+        """The apply handler (a named one imported now: torch and the backend's library load here)."""
+        if not isinstance(self.apply, str):
+            return self.apply
+        module, _, name = self.apply.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 # rollout forms that are not perturbations (`mismatch.rollout_spec` parses them): what realises each

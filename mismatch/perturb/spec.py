@@ -2,8 +2,8 @@
 
 `parse_spec` splits a spec, looks its kind up in `mismatch.perturb.registry` and lets that kind's
 config class parse the options; `str(config)` round-trips and `dataclasses.asdict(config)` gives
-result columns. The kinds register themselves in the modules that implement them, imported here:
-`native` (torch rounding, dtype, noise) and `backends` (bitsandbytes, optimum-quanto). Every kind can
+result columns. The built-in kinds are registered in `kinds` (imported here; torch-free, their handlers
+in `native` and `backends` load on first use). Every kind can
 be applied to a model in place; what cannot (staleness, reuse, another engine) is a rollout form
 (`mismatch.rollout_spec`). `render_spec_table()` lists the kinds (the docs' spec table).
 """
@@ -11,7 +11,7 @@ be applied to a model in place; what cannot (staleness, reuse, another engine) i
 from __future__ import annotations
 
 from mismatch.errors import InputError
-from mismatch.perturb import backends, native  # noqa: F401  (importing them registers their kinds)
+from mismatch.perturb import kinds  # noqa: F401  (importing it registers the built-in kinds)
 from mismatch.perturb.configs import (
     FP8_GRANULARITIES,
     BnbConfig,

@@ -13,24 +13,49 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from mismatch.errors import InputError
+from filelock import FileLock, Timeout
+
+from mismatch.errors import InputError, MismatchError
 from mismatch.files import check_writable
 from mismatch.rollout_spec import require_engines
 from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study
-from mismatch.sweep.tasks import Progress, execute, pending_tasks, task_id, task_label
+from mismatch.sweep.tasks import LEDGER, Progress, execute, pending_tasks, task_id, task_label
 
 
 @dataclass(frozen=True)
 class SweepReport:
-    """What a sweep did: task ids run, skipped (already done) and failed (with their messages), and with
-    `decide` the rounds of adaptive seeds it found (`mismatch.sweep.decide.Round`)."""
+    """What a sweep did: task ids run, skipped (done before) and skipped as failed before (with
+    `resume`, without `retry_failed`), failed (with their messages), and with `decide` the rounds of
+    adaptive seeds it found (`mismatch.sweep.decide.Round`)."""
 
     ran: tuple[str, ...]
     skipped: tuple[str, ...]
     failed: dict[str, str]
     rounds: tuple = ()
+    skipped_failed: tuple[str, ...] = ()
+
+
+class SweepBusyError(InputError):
+    """Another sweep is writing the results directory (its lock is held)."""
+
+
+class DiskFullError(MismatchError):
+    """A sweep stopped because its disk is full (the failed task's ledger record says `retry`)."""
+
+
+def sweep_lock(out: Path) -> FileLock:
+    """The lock a sweep holds on its results directory (`DIR/_sweep/.lock`) while it runs: a second sweep
+    into the same directory is refused at once (`SweepBusyError`) instead of racing it for the same tasks."""
+    (out / LEDGER).mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out / LEDGER / ".lock", blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise SweepBusyError(f"{out} is being written by another sweep: wait for it to end (then `--resume` "
+                             "continues), or write to another --out") from None
+    return lock
 
 
 def with_rounds(study: Study, out: str | Path, *, max_seeds: int) -> tuple[Study, list]:
@@ -40,6 +65,7 @@ def with_rounds(study: Study, out: str | Path, *, max_seeds: int) -> tuple[Study
     from mismatch.sweep.decide import rounds
     from mismatch.sweep.tasks import read_ledger
 
+    _check_seed_caps(study, max_seeds)
     out = Path(out)
     has_parts = out.is_dir() and any(out.glob("*.parquet"))
     rows = read_results(out) if has_parts else None
@@ -83,19 +109,40 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
         raise InputError(f"--workers must be ≥ 1, got {workers}")
     if decide and max_seeds < 2:
         raise InputError(f"--max-seeds must be ≥ 2 (an interval needs two seeds), got {max_seeds}")
+    if decide:
+        _check_seed_caps(study, max_seeds)
     check_writable(out, "results", folder=True)
     require_engines([*(p for t in study.plan.probes for p in t.perturb), *(t.rollout for t in study.plan.opd)])
-    report = _run_plan(study, out, resume=resume, retry_failed=retry_failed, workers=workers,
-                       ray_address=ray_address, progress=progress)
-    found: list = []
-    while decide:
-        extended, found = with_rounds(study, out, max_seeds=max_seeds)
-        step = _run_plan(extended, out, resume=True, retry_failed=False, workers=workers, ray_address=ray_address,
-                         progress=progress)
-        report = SweepReport(report.ran + step.ran, report.skipped, {**report.failed, **step.failed}, tuple(found))
-        if not step.ran:  # nothing left: every level decided, at max_seeds, or its runs failed
-            break
+    lock = sweep_lock(out)
+    try:
+        report = _run_plan(study, out, resume=resume, retry_failed=retry_failed, workers=workers,
+                           ray_address=ray_address, progress=progress)
+        found: list = []
+        while decide:
+            extended, found = with_rounds(study, out, max_seeds=max_seeds)
+            step = _run_plan(extended, out, resume=True, retry_failed=False, workers=workers,
+                             ray_address=ray_address, progress=progress)
+            report = dataclasses.replace(report, ran=report.ran + step.ran, failed={**report.failed, **step.failed},
+                                         rounds=tuple(found))
+            if not step.ran:  # nothing left: every level decided, at max_seeds, or its runs failed
+                break
+    finally:
+        lock.release()
     return report
+
+
+def _check_seed_caps(study: Study, max_seeds: int) -> None:
+    """Refuse a cap on adaptive seeds below the seeds a level already plans: the rounds could never add one, and
+    the cap would read as the design's when the plan is."""
+    planned: dict = {}
+    for run in study.plan.opd:
+        if not run.is_clean:
+            planned.setdefault(dataclasses.replace(run, seed=0), set()).add(run.seed)
+    for level, seeds in planned.items():
+        cap = study.plan.max_seeds(level, max_seeds)
+        if len(seeds) > cap:
+            raise InputError(f"max_seeds {cap} is fewer than the {len(seeds)} seeds the study lists for "
+                             f"{level.pair} {level.rollout}: raise it or list fewer seeds")
 
 
 def _run_plan(study: Study, out: Path, *, resume: bool, retry_failed: bool, workers: int | None,
@@ -118,6 +165,11 @@ def _run_plan(study: Study, out: Path, *, resume: bool, retry_failed: bool, work
             records.append(execute(task, out, threads))
             if progress is not None:
                 progress(index + 1, len(todo), task_label(task), records[-1]["status"])
+            if records[-1].get("retry"):  # a full disk: every later task would fail the same way
+                raise DiskFullError(f"{records[-1]['error'].split(': ', 1)[-1]} (task {task_label(task)}); "
+                                    f"{index} of {len(todo)} tasks finished, their rows kept: free space, then "
+                                    "rerun with --resume")
     ids = [task_id(t) for t in todo]
     failed = {tid: r["error"] for tid, r in zip(ids, records) if r["status"] == "failed"}
-    return SweepReport(tuple(ids), tuple(skipped), failed)
+    return SweepReport(tuple(ids), tuple(t for t, s in skipped.items() if s == "done"), failed,
+                       skipped_failed=tuple(t for t, s in skipped.items() if s == "failed"))

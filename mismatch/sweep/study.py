@@ -50,6 +50,7 @@ from mismatch.opd.runs import make_config
 from mismatch.pairs.registry import PAIRS, pair_spec
 from mismatch.probes.runs import ProbeConfig
 from mismatch.files import read_toml
+from mismatch.rollout_spec import RolloutSpec
 
 STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}
@@ -130,6 +131,7 @@ def _static(part: dict, where: str, base_dir: Path) -> tuple[ProbeConfig, ...]:
     shared = {k: part[k] for k in ("max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                                    "per_layer", "ref_dtype") if k in part}
     perturb = tuple(_list(part, "perturb", where))
+    _one_name_each(list(perturb), where)
     each_layer = bool(part.get("each_layer", False))
     layers = part.get("layers", ["linear"])
     if not (each_layer and layers == []):  # an isolation map alone: `layers = []`, `each_layer = true`
@@ -166,10 +168,14 @@ def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
                 pair_spec(str(pair))  # the file exists and declares a pair
             except InputError as exc:
                 raise InputError(f"{where}: pairs: {str(exc).splitlines()[0]}") from None
+    seeds = _numbers(part, "seeds", where, [0], int)
+    if cap is not None and len(set(seeds)) > cap:
+        raise InputError(f"{where}: max_seeds {cap} is fewer than the {len(set(seeds))} seeds listed")
+    rollouts = _list(part, "rollouts", where, ["none"])
+    _one_name_each(rollouts, where)
     grid = itertools.product(_list(part, "pairs", where), _list(part, "losses", where, ["full-rkl"]),
                              _numbers(part, "lrs", where, [OPDConfig.lr], float),
-                             _numbers(part, "tis_caps", where, [0], float), _numbers(part, "seeds", where, [0], int),
-                             _list(part, "rollouts", where, ["none"]))
+                             _numbers(part, "tis_caps", where, [0], float), seeds, rollouts)
     runs: list[OPDConfig] = []
     for pair, loss, lr, tis, seed, rollout in grid:
         try:
@@ -182,6 +188,23 @@ def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
             if run not in runs:
                 runs.append(run)
     return tuple(runs)
+
+
+def _one_name_each(rollouts: list, where: str) -> None:
+    """Refuse two rollout (or perturbation) strings of one grid that are the same under two names (`int4` and
+    `int4:group128`, `stale:0` and `none`): they would train and be reported twice, as two levels."""
+    seen: dict = {}
+    for text in rollouts:
+        try:
+            spec = RolloutSpec.parse(str(text))
+        except InputError as exc:
+            raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None
+        if spec.is_clean:  # none, stale:0, reuse:1: planned as the one clean run already
+            continue
+        key = dataclasses.replace(spec, text="")
+        if key in seen and seen[key] != str(text):
+            raise InputError(f"{where}: rollouts {seen[key]!r} and {str(text)!r} are the same rollout: list it once")
+        seen.setdefault(key, str(text))
 
 
 def _blocks(cfg: dict, key: str, valid: set[str], where: str) -> list[tuple[dict, str]]:

@@ -3,8 +3,9 @@ results dataset, and the ledger that records how each task ended.
 
 A task writes its rows into the results dataset (`mismatch.results`, parts written atomically) and,
 when it ends, a ledger record `DIR/_sweep/<task id>.json` (also written to a temporary name and
-renamed): `done`, or `failed` with the error's message and a traceback summary. A task killed
-mid-way has no record and runs again on resume: its new parts replace the old ones once it ends
+renamed): `done`, or `failed` with the error's message and a traceback summary. A task that failed
+because the disk was full (`WriteError.disk_full`) is marked `retry`: `--resume` runs it again once
+space is freed, as it does a task killed mid-way (no record). Either runs again on resume: its new parts replace the old ones once it ends
 (`ResultsWriter.finish`), so a resumed sweep ends with the same rows as an uninterrupted one. A
 task's id (`task_id`) hashes its configuration, the digests of the data it reads and the toolkit
 version."""
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mismatch.errors import DISK_FULL
 from mismatch.files import atomic_write_text
 from mismatch.hashing import content_hash
 from mismatch.model.loader import sha256_file
@@ -102,6 +104,8 @@ def execute(task: Task, out: str | Path, threads: int) -> dict:
         message = str(exc).splitlines()[0] if str(exc) else ""
         record = {"status": "failed", "error": f"{type(exc).__name__}: {message}",
                   "traceback": traceback.format_exc(limit=-3).splitlines()[-6:]}
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # not the task's fault: run it again on resume
+            record["retry"] = True
     finally:
         torch.set_num_threads(before)
     record.update(task=task_label(task), seconds=round(time.perf_counter() - start, 3),
@@ -111,17 +115,18 @@ def execute(task: Task, out: str | Path, threads: int) -> dict:
 
 
 def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_failed: bool, threads: int = 1
-                  ) -> tuple[list[Task], list[str]]:
-    """The tasks still to run (in their order) and the ids of those skipped: with `resume`, the ones
-    the ledger in `out` records as done, and as failed unless `retry_failed`, at `threads` torch
-    threads (a task that ran with another count runs again: its rows would differ in the last bits)."""
+                  ) -> tuple[list[Task], dict[str, str]]:
+    """The tasks still to run (in their order) and those skipped, `id → status`: with `resume`, the ones
+    the ledger in `out` records as done, and as failed unless `retry_failed` (a failure marked `retry`, a
+    full disk, always runs again), at `threads` torch threads (a task that ran with another count runs
+    again: its rows would differ in the last bits)."""
     ledger = read_ledger(out) if resume else {}
-    todo, skipped = [], []
+    todo, skipped = [], {}
     for task in tasks:
         record = ledger.get(task_id(task), {})
         status = record.get("status") if record.get("threads", threads) == threads else None
-        if status == "done" or (status == "failed" and not retry_failed):
-            skipped.append(task_id(task))
+        if status == "done" or (status == "failed" and not retry_failed and not record.get("retry")):
+            skipped[task_id(task)] = status
         else:
             todo.append(task)
     return todo, skipped

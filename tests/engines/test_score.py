@@ -407,3 +407,36 @@ def test_an_explicit_spec_beside_a_dump_is_refused_not_dropped(engine, tmp_path)
         with pytest.raises(mismatch.InputError, match="not both"):
             mismatch.check(lm, spec, rollouts=dump)
     assert mismatch.check(lm, rollouts=dump, thresholds={"mismatch_kl": 10.0}).rollout == f"rollouts:{dump}"
+
+
+def test_a_scored_mask_and_logged_trainer_log_probs_round_trip_and_are_respected(engine, tmp_path):
+    """`DumpRecord.scored` (None: every response position) and `trainer_logprobs` survive our schema, JSONL and
+    parquet; the scorer leaves unscored positions out, and scores the others after them as context."""
+    lm, records = engine
+    r = records[0]
+    scored = tuple(t % 3 != 1 for t in range(len(r.response_ids)))
+    trainer = tuple(lp - 0.25 if on else 0.0 for lp, on in zip(r.logprobs, scored))
+    masked = DumpRecord(r.prompt_ids, r.response_ids, tuple(lp if on else 0.0 for lp, on in zip(r.logprobs, scored)),
+                        scored=scored, trainer_logprobs=trainer)
+    for name in ("m.jsonl", "m.parquet"):
+        back = read_rollouts(write_rollouts(tmp_path / name, [masked, records[1]])).records
+        assert (back[0].scored, back[0].trainer_logprobs, back[0].logprobs) == (scored, trainer, masked.logprobs)
+        assert back[1].scored is None and back[1].trainer_logprobs is None
+    path = write_rollouts(tmp_path / "one.jsonl", [masked])
+    tok = score_rollouts(lm, path).per_token
+    at = [t for t, on in enumerate(scored) if on]
+    assert tok["pos"].tolist() == [len(r.prompt_ids) + t for t in at]
+    full = _full_logp(lm.model, list(r.prompt_ids + r.response_ids))[len(r.prompt_ids) - 1:]
+    assert tok["logp_ref"].tolist() == pytest.approx([float(full[t, r.response_ids[t]]) for t in at], abs=LOGP_TOL)
+    free = score_rollouts(None, path)  # the logged columns, as float32 (the scorer's trainer side is fp32)
+    assert free.per_token["logp_ref"].tolist() == torch.tensor([trainer[t] for t in at], dtype=torch.float32).tolist()
+    # log q − log p = 0.25 on every token, up to the float32 rounding of both (half an ulp each: 2^-24 relative)
+    rounding = max(2 ** -24 * (abs(trainer[t]) + abs(masked.logprobs[t])) for t in at)
+    assert free.summary["mismatch_kl"] == pytest.approx(0.25, abs=rounding)
+    with pytest.raises(InputError, match="record 0 .*no logged trainer log-probs") as err:
+        score_rollouts(None, write_rollouts(tmp_path / "plain.jsonl", [records[0]]))
+    assert "\n" not in str(err.value)
+    for bad, message in (({"scored": (True,)}, "1 scored flags"), ({"scored": (False,) * len(r.response_ids)},
+                                                                  "no response position is scored")):
+        with pytest.raises(InputError, match=message):
+            read_rollouts(write_rollouts(tmp_path / "bad.jsonl", [DumpRecord(r.prompt_ids, r.response_ids, r.logprobs, **bad)]))

@@ -218,3 +218,53 @@ def test_training_positions_are_the_generations_for_absolute_position_models(pai
         assert gap < 1e-5  # fp32 rounding of other attention shapes
     else:
         assert gap > 0.1  # TRL 1.16's own forward: positions shifted by the padding
+
+
+def test_a_lora_student_trains_at_the_generations_positions(pair, tmp_path):
+    peft = pytest.importorskip("peft", reason="peft is not installed (the test extra installs it)")
+    # random B (init_lora_weights=False): the adapter changes the forward from the first step, so a forward that
+    # bypassed it would show; GPT-2's c_attn is a Conv1D, whose weight is stored transposed (fan_in_fan_out)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, fan_in_fan_out=True,
+                           init_lora_weights=False)
+    trainer = _trainer(pair, tmp_path, steps=1, peft_config=lora)
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(student, peft.PeftModel)
+    seen = []  # (position_ids, attention_mask) of every forward of the student's backbone that builds a graph
+
+    def record(module, args, kwargs):
+        if torch.is_grad_enabled():
+            seen.append((kwargs.get("position_ids"), kwargs["attention_mask"]))
+
+    hook = student.base_model.model.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        trainer.train()
+    finally:
+        hook.remove()
+    # one step of one batch: one training forward builds a graph (the statistics' pass runs without gradient)
+    assert len(seen) == 1
+    for positions, mask in seen:
+        assert positions is not None
+        # independent: t − (index of the row's first attended token), on every attended token
+        first = mask.argmax(-1, keepdim=True)
+        expected = torch.arange(mask.shape[1]).expand_as(mask) - first
+        assert torch.equal(positions[mask.bool()], expected[mask.bool()])
+        assert bool((mask.argmax(-1) > 0).any())  # some row was left-padded: positions without fix would differ
+
+    # the training forward's logits on a left-padded row: the PEFT model's own forward at the generation's positions
+    student.eval()
+    row = pair.student.tokenizer("sort:6276=")["input_ids"] + [24, 25, 28]
+    pad = 3
+    ids, mask = torch.tensor([[0] * pad + row]), torch.tensor([[0] * pad + [1] * len(row)])
+    positions = torch.tensor([[0] * pad + list(range(len(row)))])
+    head = student.get_output_embeddings()
+    with torch.no_grad():
+        trained = head(trainer._get_last_hidden_state(student, ids, mask, 3))
+        at_positions = student(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -4:-1]
+        unpositioned = student(input_ids=ids, attention_mask=mask).logits[:, -4:-1]
+        with student.disable_adapter():
+            base = student(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -4:-1]
+    # the same backbone numbers; only the head's matmul runs over another number of rows: fp32 rounding of a
+    # D = 64 term dot product, ≤ 64 · 2⁻²⁴ · Σ|w·h| ≈ 1e-5 for these logits (|logit| ≲ 30)
+    torch.testing.assert_close(trained, at_positions, rtol=0, atol=1e-4)
+    assert float((trained - unpositioned).abs().max()) > 0.1  # TRL 1.16's positions: shifted by the padding
+    assert float((trained - base).abs().max()) > 1e-3  # the adapter is in the training forward

@@ -92,6 +92,11 @@ def test_static_groups_share_a_reference_per_model_seed_and_scope(study, tmp_pat
     (("max_prompts = 2", 'max_prompts = 2\ntexts = "hi"'), "[static]: texts must be a list of strings"),
     (("[dynamic.settings]\nsteps = 40\nbatch_size = 64", "settings = 3"), "[dynamic].settings must be a table"),
     (('prompts = "p.txt"', 'prompts = "nofile.txt"'), "[static]: prompts file not found: nofile.txt"),
+    # one rollout under two names would train twice and be reported as two levels
+    (('"stale:2"]', '"stale:2", "fp8-e4m3:channel"]'), "[dynamic]: rollouts 'fp8-e4m3' and 'fp8-e4m3:channel' are "
+                                                         "the same rollout: list it once"),
+    (('"int4"]', '"int4", "int4:group128"]'), "[static]: rollouts 'int4' and 'int4:group128' are the same"),
+    (("seeds = [0, 1, 2]", "seeds = [0, 1, 2]\nmax_seeds = 2"), "[dynamic]: max_seeds 2 is fewer than the 3 seeds"),
 ])
 def test_bad_studies_are_one_line_errors_naming_file_and_key(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
@@ -171,3 +176,29 @@ def test_threads_is_a_study_setting_defaulting_to_one(tmp_path):
         path.write_text(f"threads = {bad}\n" + body)
         with pytest.raises(InputError, match="threads must be a whole number"):
             load_study(path)
+
+
+def test_a_clean_form_beside_none_is_one_run_not_an_alias_error(tmp_path):
+    """`stale:0` and `reuse:1` train exactly as clean (stored as `none`): listed beside `none` they plan the one
+    clean run, as before, rather than an error."""
+    path = tmp_path / "ok.toml"
+    path.write_text(STUDY.replace('"stale:2"]', '"stale:2", "stale:0", "reuse:1"]'))
+    (tmp_path / "p.txt").write_text("one\n")
+    plain = tmp_path / "plain.toml"
+    plain.write_text(STUDY)
+    assert load_study(path).plan.opd == load_study(plain).plan.opd
+
+
+def test_a_seed_cap_below_the_planned_seeds_is_refused_before_anything_runs(tmp_path):
+    from mismatch.sweep import run_study, with_rounds
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY)
+    (tmp_path / "p.txt").write_text("one\n")
+    study = load_study(path)  # 3 seeds a level
+    for call in (lambda: run_study(study, tmp_path / "out", decide=True, max_seeds=2),
+                 lambda: with_rounds(study, tmp_path / "out", max_seeds=2)):
+        with pytest.raises(InputError, match=r"max_seeds 2 is fewer than the 3 seeds the study lists for "
+                                             r"sort-gpt2 fp8-e4m3: raise it or list fewer seeds"):
+            call()
+    assert not (tmp_path / "out").exists()
