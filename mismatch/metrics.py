@@ -179,10 +179,29 @@ def checked_inputs(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq
     return lt, lr_, seq
 
 
+# The settings `rollout_stats` computes each framework's names under, spelled as the frameworks' own configs
+# spell them: verl's `algorithm.rollout_correction` section (token TIS at IS_THRESHOLD, seq_mean_k1 rejection at
+# GEO_BOUNDS) and slime's `--calculate-per-token-loss` left off (each sequence its own rollout). A log holding
+# the toolkit's own statistics is read in this mode (`mismatch.monitor.names`). Not to be mutated.
+ROLLOUT_STATS_CONFIG = {
+    "algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": IS_THRESHOLD,
+                                         "rollout_rs": "seq_mean_k1",
+                                         "rollout_rs_threshold": f"{GEO_BOUNDS[0]}_{GEO_BOUNDS[1]}"}},
+    "calculate_per_token_loss": False,
+}
+
+
 def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor
                   ) -> dict[str, float]:
     """The statistics verl, slime and NeMo RL log for rollout/training mismatch, of `N` sampled tokens
     (`y ~ π_rollout`), under their own names; definitions in `mismatch.admission.gates`.
+
+    Each framework's name is computed as that framework computes it in one mode, `ROLLOUT_STATS_CONFIG`:
+    verl 0.9.1's `rollout_corr/…` with `rollout_is="token"` (its shares `rollout_is_ratio_fraction_high/low`
+    are of tokens; under verl's dataclass default `"sequence"` they would be of sequences), threshold 2, and
+    `rollout_rs="seq_mean_k1"` at `"0.999_1.001"`; slime's `train_rollout_logprob_abs_diff` as its default
+    reduction (no `--calculate-per-token-loss`: the mean over sequences of each one's mean |log r|, every
+    sequence its own rollout); NeMo RL's `token_mult_prob_error`, the same in every mode.
 
     Args:
         logp_train_N: `[N]` log π_train(y) of each sampled token, nats.

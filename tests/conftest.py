@@ -11,6 +11,39 @@ import torch  # noqa: E402
 import mismatch  # noqa: E402
 
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gpt2")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (`/proc/cpuinfo`); empty elsewhere."""
+    try:
+        text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def flash_attention_refuses(capability: str, flags: frozenset[str]) -> bool:
+    """Whether torch 2.13's CPU flash attention refuses half-precision inputs here: on a CPU with AMX
+    (`amx_bf16`, Sapphire Rapids class) it packs bf16/fp16 operands for AMX's tiles once a sequence reaches
+    64 tokens, and that packing (`pack_vnni2`) raises "only supported when avx512 is supported" when
+    `ATEN_CPU_CAPABILITY` forces torch's kernels below AVX-512 (`DEFAULT`, `AVX2`), as CI's scalar-kernel
+    pass does. A torch limitation of the forced setting, not of the toolkit: the pass then runs SDPA on its
+    math kernel (`_attention_on_math_kernel`), so its point — every other kernel on scalar or AVX2 code,
+    another summation order — holds (`tests/test_kernels_pass.py` pins both halves)."""
+    return capability in ("DEFAULT", "AVX2") and "amx_bf16" in flags
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _attention_on_math_kernel():
+    """On a CPU where `flash_attention_refuses`, SDPA's flash kernel is switched off for the session (the
+    flag also governs CPU kernel selection, despite its module's name): attention runs on the math kernel."""
+    refuses = flash_attention_refuses(torch.backends.cpu.get_cpu_capability(), cpu_flags())
+    if refuses:
+        torch.backends.cuda.enable_flash_sdp(False)
+    yield refuses
+    if refuses:
+        torch.backends.cuda.enable_flash_sdp(True)
 MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-mixtral")  # mixture-of-experts: fused 3-D expert tensors
 
 

@@ -55,10 +55,8 @@ def set_threads(threads: int | None) -> None:
     if threads < 1:
         raise InputError(f"--threads must be ≥ 1, got {threads}")
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-    if "torch" in sys.modules:
-        import torch
-
-        torch.set_num_threads(threads)
+    if "torch" in sys.modules:  # already loaded (a caller's process): the CLI itself never imports it
+        sys.modules["torch"].set_num_threads(threads)
 
 
 @contextlib.contextmanager

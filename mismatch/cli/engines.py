@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import err, out
+from mismatch.cli.common import Threads, early, err, out
 from mismatch.errors import InputError
+from mismatch.files import json_text
 
 
 def score_rollouts(
@@ -27,6 +27,7 @@ def score_rollouts(
     clip: Annotated[float, typer.Option(help="IS ratios outside [1/clip, clip] count as outside.")] = 2.0,
     text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    threads: Threads = None,
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced, or, without MODEL,
     against the trainer log-probs the dump logged."""
@@ -38,6 +39,7 @@ def score_rollouts(
         model, rollouts = None, None if model is None else Path(model)
     if rollouts is None:
         raise InputError("give the rollouts dump, after the trainer's checkpoint to recompute its log-probs")
+    early(models=(model,), files=(("rollouts file", rollouts),))
     with err.status(f"scoring {rollouts}{'' if model is None else f' with {model}'}…"):
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:
@@ -45,7 +47,7 @@ def score_rollouts(
     for note in result.notes:
         err.print(f"warning: {note}", markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        typer.echo(json.dumps({"model": result.reference, "trainer": trainer_side(result), "rollouts": result.candidate,
-                               **result.summary, "notes": result.notes}, indent=1))
+        typer.echo(json_text({"model": result.reference, "trainer": trainer_side(result), "rollouts": result.candidate,
+                              **result.summary, "notes": result.notes}))
     else:
         out.print(console.score_table(result))

@@ -22,6 +22,7 @@ def monitor(
     patience: Annotated[int, typer.Option(help="Consecutive logged steps above the limit that make an alarm.")] = MonitorSettings.patience,
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step.
     Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 2 error."""
@@ -29,7 +30,7 @@ def monitor(
     from mismatch.cli import tables as console
 
     report = monitor_lib.monitor(log, thresholds=thresholds, settings=MonitorSettings(patience=patience), run=run,
-                                 out_dir=out_dir)
+                                 out_dir=out_dir, framework_config=framework_config)
     for path in report.written:
         console.wrote(err, path)
     if json_out:

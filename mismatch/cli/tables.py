@@ -259,8 +259,8 @@ def monitor_table(report) -> Table:
     alarm = f", alarm at step {report.alarm_step}" if report.alarm_step is not None else ""
     nonfinite = report.gating.nonfinite_steps
     title = (f"{report.path} ({report.format}, {report.steps} logged steps): {report.status.upper()}{alarm} "
-             f"— {report.gating.name} gates, patience {report.patience}"
-             + (f"; {len(nonfinite)} of its steps not finite" if nonfinite else ""))
+             f"— {report.gating.name} gates{' (see its caveat)' if report.gating.caveat else ''}, patience "
+             f"{report.patience}" + (f"; {len(nonfinite)} of its steps not finite" if nonfinite else ""))
     table = Table("statistic", "logged as", "last", "max", "limit [bracket]", "steps above", "longest run",
                   title=escape(title))
     stats = [report.gating, *report.others]
@@ -278,8 +278,9 @@ def monitor_table(report) -> Table:
     lines += [f"not finite: {s.logged_as} at step {', '.join(map(str, s.nonfinite_steps))} (counted as above the "
               "limit)" for s in stats if s.nonfinite_steps]
     lines += [f"read as: {s.name} ← {s.logged_as}: {s.mode}" for s in (*stats, *report.framework_gates)
-              if s.mode and s.mode != "every mode"]
-    lines += [f"not comparable: {name} ({framework}): {why}" for name, (framework, why, _) in report.not_comparable.items()]
+              if s.mode]
+    lines += [f"not comparable: {name} ({framework}): {why}"
+              for name, (framework, why, _) in report.not_comparable.items()]
     if report.framework_settings:
         lines.append("framework settings: " + "; ".join(f"{k} = {v} ({where})"
                                                         for k, (v, where) in report.framework_settings.items()))

@@ -1,6 +1,7 @@
 """The admission limits applied to a training run's own log: `monitor(path)` reads what a run logged (TRL,
 TensorBoard, verl's / prime-rl's JSON lines, mismatch's own results), maps each framework's mismatch
-statistics onto the calibrated ones and judges them step by step. Names load on first use, so the CLI can
+statistics onto the calibrated ones in the mode the run's framework config shows (`framework_config=`, or
+the config the log carries) and judges them step by step. Names load on first use, so the CLI can
 read `MonitorSettings` (stdlib only) without pandas or torch."""
 
 import importlib

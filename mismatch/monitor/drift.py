@@ -3,11 +3,14 @@
 A check before the run judges the first batch; mismatch can grow during training (a drifting engine, a
 cache bug, weights that move into a region the rollout format handles worse). `monitor` reads the per-step
 statistics the run logged (`mismatch.monitor.logs`), maps each framework's name onto the calibrated
-statistic it is (`mismatch.monitor.names`), and judges the *gating* statistic — the thresholds file's
+statistic it is in the run's mode (`mismatch.monitor.names`: the mode from a framework config given, the
+config the log carries, or the toolkit's own), and judges the *gating* statistic — the thresholds file's
 primary (`mismatch_kl`), else the first of its calibrated statistics the log has — against its limit: the
 run is `crossed` when the statistic lies above the limit on `patience` consecutive logged steps, else
-`within`. Each logged step's value is a point estimate (a log keeps no interval), hence the patience.
-Every other calibrated statistic found is reported against its own limit, but does not decide.
+`within`. A logged value that is not finite (NaN, ±inf) counts as above the limit: it is the loudest signal
+a log can give, and the count of such steps is reported. Each logged step's value is a point estimate (a
+log keeps no interval), hence the patience. Every other calibrated statistic found is reported against its
+own limit, but does not decide; so is a limit the framework applied itself (NeMo RL's sequence gate).
 """
 
 from __future__ import annotations
@@ -17,38 +20,54 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text, check_writable
-from mismatch.monitor.logs import STEP, read_log
-from mismatch.monitor.names import COMPARABLE, NOT_COMPARABLE
+from mismatch.metrics import ROLLOUT_STATS_CONFIG
+from mismatch.monitor.logs import STEP, Log, read_config, read_log
+from mismatch.monitor.names import GATES, NAMES, TOOLKIT, comparable_names, flat_config, meaning, resolve_settings
 from mismatch.monitor.settings import MonitorSettings
 
 
 @dataclass
 class Statistic:
-    """One calibrated statistic as the log has it: its values by step, where they come from, its limit."""
+    """One statistic as the log has it: its values by step (logged steps only, non-finite values kept),
+    where they come from (`how`: its definition in the run's mode; `mode`: that mode), its limit, and
+    `caveat`: what a judge of it must know. A value above the limit or not finite counts as above."""
 
     name: str
     logged_as: str
     framework: str
     how: str
-    values: pd.Series  # float, indexed by step (logged steps only)
+    values: pd.Series  # float, indexed by step
     limit: float
     bracket: tuple[float, float]
     also_logged_as: list[str] = field(default_factory=list)
+    mode: str = ""
+    caveat: str | None = None
+
+    @property
+    def above(self) -> pd.Series:
+        """Per logged step: the value lies above the limit, or is not finite."""
+        v = self.values.to_numpy(dtype=float)
+        return pd.Series(~np.isfinite(v) | (v > self.limit), index=self.values.index)
 
     @property
     def crossed_steps(self) -> list[int]:
-        return [int(s) for s in self.values.index[self.values > self.limit]]
+        return [int(s) for s in self.values.index[self.above.to_numpy()]]
+
+    @property
+    def nonfinite_steps(self) -> list[int]:
+        return [int(s) for s in self.values.index[~np.isfinite(self.values.to_numpy(dtype=float))]]
 
     def _runs_above(self):
         """`(step, n)` per logged step: n consecutive logged steps up to it lie above the limit (0 if it does not)."""
         run = 0
-        for step, value in self.values.items():
-            run = run + 1 if value > self.limit else 0
+        for step, above in self.above.items():
+            run = run + 1 if above else 0
             yield int(step), run
 
     def first_alarm(self, patience: int) -> int | None:
@@ -62,7 +81,9 @@ class Statistic:
 @dataclass
 class MonitorReport:
     """What `monitor` found. `status`: `crossed` (the gating statistic above its limit on `patience`
-    consecutive logged steps) or `within`; `alarm_step`: where the patience ran out."""
+    consecutive logged steps) or `within`; `alarm_step`: where the patience ran out. `framework_gates`: the
+    framework's own limits on what it logged (not deciding); `framework_settings`: each setting read to
+    decide a name's mode, `key → (value, where it came from)`; `notes`: what the reading left out."""
 
     path: str
     format: str
@@ -73,6 +94,9 @@ class MonitorReport:
     not_comparable: dict[str, tuple[str, str, pd.Series]]  # logged name → (framework, why, values)
     thresholds_source: str
     written: list[Path] = field(default_factory=list)
+    framework_gates: list[Statistic] = field(default_factory=list)
+    framework_settings: dict[str, tuple[object, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def alarm_step(self) -> int | None:
@@ -83,18 +107,24 @@ class MonitorReport:
         return "crossed" if self.alarm_step is not None else "within"
 
     def summary(self) -> dict:
-        """A JSON-able summary: the gate, its verdict, every statistic's crossings."""
+        """A JSON-able summary (strict JSON: a non-finite value is the string `nan`, `inf` or `-inf`): the
+        gate, its verdict, every statistic's crossings, the framework's own gates, the settings read."""
         def one(s: Statistic) -> dict:
             return {"statistic": s.name, "logged_as": s.logged_as, "framework": s.framework, "definition": s.how,
-                    "limit": s.limit, "bracket": list(s.bracket), "steps": len(s.values),
-                    "last": float(s.values.iloc[-1]), "max": float(s.values.max()),
-                    "crossed_steps": s.crossed_steps, "longest_run_above": s.longest_run(),
-                    "also_logged_as": s.also_logged_as}
+                    "mode": s.mode, "caveat": s.caveat, "limit": s.limit,
+                    "bracket": [_json_float(b) for b in s.bracket], "steps": len(s.values),
+                    "last": _json_float(s.values.iloc[-1]),
+                    "max": _json_float(s.values.max()),  # NaN skipped, ±inf kept
+                    "crossed_steps": s.crossed_steps, "nonfinite_steps": s.nonfinite_steps,
+                    "longest_run_above": s.longest_run(), "also_logged_as": s.also_logged_as}
         return {"log": self.path, "format": self.format, "logged_steps": self.steps, "patience": self.patience,
                 "status": self.status, "alarm_step": self.alarm_step, "gating": one(self.gating),
                 "others": [one(s) for s in self.others],
+                "framework_gates": [one(s) for s in self.framework_gates],
                 "not_comparable": {k: {"framework": f, "why": why} for k, (f, why, _) in self.not_comparable.items()},
-                "thresholds": self.thresholds_source}
+                "framework_settings": {k: {"value": _json_value(v), "from": where}
+                                       for k, (v, where) in self.framework_settings.items()},
+                "notes": self.notes, "thresholds": self.thresholds_source}
 
     def long_table(self) -> pd.DataFrame:
         """Every value read, long: step, name (as logged), statistic (None where not comparable), value."""
@@ -106,34 +136,91 @@ class MonitorReport:
         return pd.concat(frames, ignore_index=True)
 
 
-def statistics_of(table: pd.DataFrame, thresholds: Thresholds) -> tuple[list[Statistic], dict]:
-    """The calibrated statistics `table` has (one reading each: the first of `COMPARABLE` present, the
-    others noted as `also_logged_as`), in the thresholds' order, and the known names that are not comparable."""
+def _json_float(x: float) -> float | str:
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+def _json_value(v: object) -> object:
+    return _json_float(v) if isinstance(v, float) else v if isinstance(v, (str, int, bool, type(None))) else str(v)
+
+
+def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[object, str]]
+                  ) -> tuple[list[Statistic], dict, dict[str, tuple[object, str]]]:
+    """The calibrated statistics `log` has in the mode `settings` give (`mismatch.monitor.names.meaning`; one
+    reading each: the first of `NAMES` present, the others noted as `also_logged_as`), in the thresholds'
+    order; the known names that are not comparable (or whose mode is unknown), with why; the settings read."""
     found: dict[str, Statistic] = {}
-    indexed = table.set_index(STEP)
-    for reading in COMPARABLE:
-        if reading.statistic not in thresholds.limits or not all(n in indexed for n in reading.needs):
+    others: dict[str, tuple[str, str, pd.Series]] = {}
+    read: dict[str, tuple[object, str]] = {}
+    for name in NAMES:
+        needs = list(name.needs)
+        if not all(n in log.values for n in needs):
             continue
-        parts = indexed[list(reading.needs)].dropna()
-        if parts.empty:
+        steps = log.logged[needs].all(axis=1).to_numpy()
+        if not steps.any():
             continue
-        if reading.statistic in found:
-            found[reading.statistic].also_logged_as.append(reading.logged_as)
+        m = meaning(name, settings)
+        read.update(m.read)
+        if not m.comparable:
+            others.update({n: (name.framework, m.why, log.values.loc[log.logged[n].to_numpy(), n]) for n in needs})
             continue
-        values = pd.Series([reading.convert(*row) for row in parts.itertuples(index=False)], index=parts.index,
+        stat = m.case.statistic
+        if stat not in thresholds.limits:
+            continue
+        if stat in found:
+            found[stat].also_logged_as.append(name.logged_as)
+            continue
+        parts = log.values.loc[steps, needs]
+        values = pd.Series([m.case.convert(*row) for row in parts.itertuples(index=False)], index=parts.index,
                            dtype=float)
-        lo, hi = thresholds.brackets.get(reading.statistic, [math.nan, math.nan])
-        found[reading.statistic] = Statistic(reading.statistic, reading.logged_as, reading.framework, reading.how,
-                                             values, float(thresholds.limits[reading.statistic]), (lo, hi))
+        lo, hi = thresholds.brackets.get(stat, [math.nan, math.nan])
+        found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(thresholds.limits[stat]),
+                                (lo, hi), mode=m.case.mode, caveat=m.caveat)
     ordered = [found[name] for name in dict.fromkeys([thresholds.primary, *thresholds.limits]) if name in found]
-    others = {name: (fw, why, indexed[name].dropna()) for name, (fw, why) in NOT_COMPARABLE.items()
-              if name in indexed and indexed[name].notna().any()}
-    return ordered, others
+    return ordered, others, read
+
+
+def framework_gates(log: Log, settings: dict[str, tuple[object, str]]) -> tuple[list[Statistic], list[str]]:
+    """The framework's own limits the log's run applied (`mismatch.monitor.names.GATES`) to what it logged,
+    and a note for each whose threshold is off or unknown."""
+    gates, notes = [], []
+    for gate in GATES:
+        if gate.logged_as not in log.values or not log.logged[gate.logged_as].any():
+            continue
+        key = gate.setting.key
+        if key not in settings:
+            notes.append(f"{gate.framework}'s own gate {key} on {gate.logged_as}: its threshold is in no config read")
+            continue
+        threshold, where = settings[key]
+        if threshold is None:
+            notes.append(f"{gate.framework}'s own gate {key} is off ({where})")
+            continue
+        try:
+            limit = float(threshold)
+        except (TypeError, ValueError):
+            raise InputError(f"{key} is a number or null, got {threshold!r} ({where})") from None
+        values = log.values.loc[log.logged[gate.logged_as].to_numpy(), gate.logged_as]
+        gates.append(Statistic(key, gate.logged_as, gate.framework, gate.how, values, limit, (math.nan, math.nan),
+                               mode=f"{key} = {limit:g} ({where})"))
+    return gates, notes
+
+
+def run_settings(log: Log, path: str | Path, given: dict[str, object], given_as: str) -> dict[str, tuple[object, str]]:
+    """The framework settings of the log's run: the config given, then the config the log carries, then —
+    for a log of the toolkit's own statistics — the mode `rollout_stats` writes the frameworks' names in."""
+    layers = [(given, given_as)] if given else []
+    if log.config:
+        layers.append((log.config, f"{path}'s logged config"))
+    if any(name in log.values for name in TOOLKIT):
+        layers.append((flat_config(ROLLOUT_STATS_CONFIG),
+                       "the toolkit's own log: mismatch.metrics.ROLLOUT_STATS_CONFIG"))
+    return resolve_settings(layers)
 
 
 def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = None,
             settings: MonitorSettings = MonitorSettings(), run: str | None = None,
-            out_dir: str | Path | None = None) -> MonitorReport:
+            out_dir: str | Path | None = None, framework_config: str | Path | dict | None = None) -> MonitorReport:
     """Judge a training log against the calibrated limits.
 
     Args:
@@ -144,28 +231,37 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
         run: with a results dataset of several OPD runs, the run id.
         out_dir: also write the plot, the values and the summary there (`write_monitor`); checked
             before the log is read.
+        framework_config: the run's framework configuration (a YAML / JSON / TOML file or a mapping,
+            `mismatch.monitor.logs.read_config`): the mode its names are read in, before any config the
+            log carries. A name whose meaning depends on a setting no config shows is not judged.
 
     Returns:
         The `MonitorReport` (`written`: the files written).
 
     Raises:
-        InputError: an unreadable log (`read_log`), or one with no statistic a calibrated limit applies to
-            (the known names it has are listed with why they are not comparable).
+        InputError: an unreadable log (`read_log`) or config (`read_config`), or a log with no statistic a
+            calibrated limit applies to (the known names it has are listed with why they are not comparable).
     """
     if settings.patience < 1:
         raise InputError(f"patience must be ≥ 1, got {settings.patience}")
     if out_dir is not None:
         check_writable(out_dir, "monitor output", folder=True)
     table_of_thresholds = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(thresholds)
-    table, kind = read_log(path, run=run)
-    found, others = statistics_of(table, table_of_thresholds)
+    given = {} if framework_config is None else read_config(framework_config)
+    log = read_log(path, run=run)
+    given_as = str(framework_config) if isinstance(framework_config, (str, Path)) else "the framework config given"
+    resolved = run_settings(log, path, given, given_as)
+    found, others, read = statistics_of(log, table_of_thresholds, resolved)
     if not found:
         known = "; ".join(f"{name} ({fw}: {why})" for name, (fw, why, _) in others.items())
         raise InputError(f"{path}: no statistic a calibrated limit applies to"
                          + (f"; known but not comparable: {known}" if known else
-                            f" (looked for {', '.join(sorted({n for r in COMPARABLE for n in r.needs}))})"))
+                            f" (looked for {', '.join(sorted(comparable_names()))})"))
+    gates, gate_notes = framework_gates(log, resolved)
+    read.update({g.name: resolved[g.name] for g in gates})
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
-    report = MonitorReport(str(path), kind, len(table), settings.patience, found[0], found[1:], others, source)
+    report = MonitorReport(str(path), log.format, len(log.values), settings.patience, found[0], found[1:], others,
+                           source, framework_gates=gates, framework_settings=read, notes=log.notes + gate_notes)
     if out_dir is not None:
         report.written = write_monitor(report, out_dir)
     return report
@@ -180,6 +276,6 @@ def write_monitor(report: MonitorReport, out_dir: str | Path) -> list[Path]:
     check_writable(out, "monitor output", folder=True)
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_monitor(report, out / "monitor.png"),
-               atomic_write_text(out / "monitor.csv", report.long_table().to_csv(index=False)),
+               atomic_write_text(out / "monitor.csv", report.long_table().to_csv(index=False, na_rep="nan")),
                atomic_write_text(out / "monitor.json", json.dumps(report.summary(), indent=1) + "\n")]
     return written

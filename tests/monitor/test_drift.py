@@ -64,7 +64,7 @@ def test_trl_state_output_dir_and_tensorboard_give_the_logged_values(trl_run):
         tolerance = 1e-7 if path.name == "runs" else 0  # TensorBoard stores scalars as float32: ≤ 2^-24 relative
         for step, value in logged.items():
             assert got[step] == pytest.approx(value, rel=tolerance, abs=0), (path, step)
-    assert read_log(out / "runs")[1] == "tensorboard" and read_log(out)[1] == "trainer_state"
+    assert read_log(out / "runs").format == "tensorboard" and read_log(out).format == "trainer_state"
 
 
 def test_opd_results_are_read_as_the_run_logged_them(opd_run):
@@ -77,7 +77,11 @@ def test_opd_results_are_read_as_the_run_logged_them(opd_run):
 
 
 def test_verls_own_file_logger_and_the_exact_conversion(opd_run, tmp_path, monkeypatch):
+    """The OPD run's verl-named values (`rollout_stats`, in `ROLLOUT_STATS_CONFIG`'s verl mode) through verl's
+    own file logger: read in that mode, the shares convert exactly; without a config their mode is unknown."""
     from verl.utils.tracking import FileLogger
+
+    from mismatch.metrics import ROLLOUT_STATS_CONFIG
 
     _, steps = opd_run
     path = tmp_path / "verl.jsonl"
@@ -87,7 +91,9 @@ def test_verls_own_file_logger_and_the_exact_conversion(opd_run, tmp_path, monke
     for row in steps.to_dict("records"):
         logger.log({name: row[name] for name in verl_names}, step=int(row["step"]))
     logger.finish()
-    report = monitor(path)
+    unknown = monitor(path)
+    assert "mode unknown" in unknown.not_comparable["rollout_corr/rollout_is_ratio_fraction_high"][1]
+    report = monitor(path, framework_config=ROLLOUT_STATS_CONFIG)
     assert report.format == "jsonl" and report.gating.logged_as == "rollout_corr/kl"
     assert report.gating.values.to_dict() == dict(zip(steps["step"].astype(int), steps["mismatch_kl"]))
     outside = {s.name: s for s in report.others}["mismatch_is_ratio_outside_frac"]
@@ -107,6 +113,7 @@ def test_prime_rl_lines_map_its_mismatch_kl_onto_k3(opd_run, tmp_path):
                                 "masked_mismatch_kl/mean": 0.0}) + "\n")
     report = monitor(path)
     assert report.gating.name == "mismatch_k3" and report.gating.framework == "prime-rl"
+    assert "staleness" in report.gating.caveat  # no config read: prime-rl's default allows 8 stale steps
     assert report.gating.values.to_dict() == dict(zip(steps["step"].astype(int), steps["mismatch_k3"]))
     assert "masked_mismatch_kl/mean" in report.not_comparable
 

@@ -1,0 +1,170 @@
+"""Pins on the sweep's bookkeeping that a mutation audit found unguarded: a probe task's id follows its
+prompt file's content (so `--resume` reruns changed prompts), and the adaptive-seed rounds grow exactly the
+undecided levels, by exactly the documented counts, for exactly as many rounds as the cap allows."""
+
+import dataclasses
+import functools
+import hashlib
+import math
+import statistics
+
+import pandas as pd
+
+from mismatch.opd import OPDConfig
+from mismatch.opd.runs import run_columns
+from mismatch.probes.runs import ProbeConfig
+from mismatch.results import tidy
+from mismatch.sweep import task_id
+from mismatch.sweep.decide import next_round, rounds
+from mismatch.sweep.tasks import execute, pending_tasks
+from mismatch.verdict import DEFAULT_TOLERANCE
+from tests.opd.test_tolerance import STAMP, _t975_by_bisection
+
+t975 = functools.cache(_t975_by_bisection)  # slow (numerical integration): once per df
+
+# ---------------------------------------------------------------- 2. the prompt file's content in the task id
+
+
+def test_changed_prompts_under_the_same_file_name_are_a_new_task_that_resume_runs(tmp_path):
+    """Three probe tasks read `prompts.txt` from three folders: two hold the same lines, one other lines.
+    After a real `execute` of the first, `pending_tasks(resume=True)` skips the same content elsewhere (the
+    path is not hashed) and runs the changed one (its content is) — whatever the golden ids say."""
+    lines = {"a": "hello world, again\nthe quick brown fox\n", "b": "hello world, again\nthe quick brown fox\n",
+             "c": "hello world, again\na slow green turtle\n"}
+    tasks = {}
+    for folder, text in lines.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "prompts.txt").write_text(text)
+        tasks[folder] = ProbeConfig(reference="tiny-llama", perturb=("noise:0.01",), prompts=str(tmp_path / folder /
+                                                                                                  "prompts.txt"),
+                                    per_layer=False)
+    digest = {f: hashlib.sha256((tmp_path / f / "prompts.txt").read_bytes()).hexdigest() for f in lines}
+    assert digest["a"] == digest["b"] != digest["c"]  # the premise: same name, same / other content
+    assert task_id(tasks["a"]) == task_id(tasks["b"]) != task_id(tasks["c"])
+    out = tmp_path / "out"
+    assert execute(tasks["a"], out, threads=1)["status"] == "done"
+    todo, skipped = pending_tasks(list(tasks.values()), out, resume=True, retry_failed=False, threads=1)
+    assert todo == [tasks["c"]] and skipped == {task_id(tasks["a"]): "done"}
+    assert pending_tasks(list(tasks.values()), out, resume=False, retry_failed=False, threads=1)[0] == list(tasks.values())
+
+
+# ---------------------------------------------------------------- 3. the adaptive-seed rounds
+
+BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4)
+CAP = 10
+ACC_LIMIT, KL_LIMIT = -DEFAULT_TOLERANCE.acc_tol, 1 + DEFAULT_TOLERANCE.kl_tol
+
+
+def _run(config: OPDConfig, acc: float, kl: float) -> pd.DataFrame:
+    """A finished run's rows as `mismatch.opd.runs` writes them (`tidy(… .assign(level="step"), kind="opd",
+    config=run_columns(config))`, runs.py), with the held-out metrics `trainer.evaluate` records."""
+    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
+            {"step": 0, "metric": "heldout_accuracy", "value": 0.25}, {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 1, "metric": "mismatch_kl", "value": 0.01}]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
+
+
+# per level, per seed: (Δ accuracy in points, KL ratio); the clean twins end at 40% and KL 1.0
+PLANNED = {
+    "fp8-e4m3": [(0.1, 1.0), (-0.2, 1.0), (0.0, 1.0)],  # both intervals within: tolerated
+    "stale:1": [(-0.5, 1.0), (-2.5, 1.0), (-1.0, 1.0)],  # Δ straddles −2, far from resolved: doubles
+    "stale:2": [(0.8, 1.0), (-0.2, 1.0), (-1.2, 1.0)],  # Δ straddles, one more seed would resolve: n + 2
+    "stale:4": [(-8.0, 1.0), (-7.0, 1.3), (-9.0, 1.05)],  # Δ wholly beyond (not tolerated); its KL straddles
+    "stale:8": [(-7.0, 1.0)],  # one seed: no interval yet
+}
+ROUND_1 = {"stale:1": [(-3.0, 1.0), (0.5, 1.0), (-2.0, 1.0)], "stale:2": [(-0.3, 1.0), (-0.1, 1.0)],
+           "stale:8": [(-8.0, 1.0), (-7.5, 1.0)]}
+ROUND_2 = {"stale:1": [(-1.5, 1.0), (-2.2, 1.0), (-0.9, 1.0), (-1.8, 1.0)]}
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    """Mean and 95% Student-t half-width t(n−1)·sd/√n, t by bisection on its CDF (not the code's table)."""
+    n = len(values)
+    return statistics.fmean(values), t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+
+
+def _undecided(per_seed: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`(distance, sd)` of each statistic whose interval reaches its threshold, [] when the level is decided
+    (both within, or either wholly beyond); a one-seed level is undecided with no spread: [(nan, nan)]."""
+    if len(per_seed) < 2:
+        return [(math.nan, math.nan)]
+    acc, kl = _interval([d / 100 for d, _ in per_seed]), _interval([k for _, k in per_seed])
+    beyond = acc[0] + acc[1] < ACC_LIMIT or kl[0] - kl[1] > KL_LIMIT
+    straddling = [(abs(m - limit), statistics.stdev(v)) for (m, hw), limit, v in
+                  ((acc, ACC_LIMIT, [d / 100 for d, _ in per_seed]), (kl, KL_LIMIT, [k for _, k in per_seed]))
+                  if abs(m - limit) <= hw]
+    return [] if beyond else straddling
+
+
+def _target(per_seed: list[tuple[float, float]]) -> int:
+    """The seeds after the round, by the module's rule (decide.py docstring): the smallest n' whose t
+    half-width is below every distance, within [n + 2, 2n] and the cap; three after one seed."""
+    n, spreads = len(per_seed), _undecided(per_seed)
+    if n < 2:
+        return 3
+    need = max(next((m for m in range(n, 2 * n) if t975(m - 1) * sd / math.sqrt(m) < distance), 2 * n)
+               for distance, sd in spreads)
+    return min(CAP, max(n + 2, min(need, 2 * n)))
+
+
+def _dataset(levels: dict[str, list[tuple[float, float]]]) -> tuple[list[OPDConfig], pd.DataFrame]:
+    """Every seed's run of each level and its clean twin (every seed any level has)."""
+    seeds = range(max(len(v) for v in levels.values()))
+    configs = [dataclasses.replace(BASE, seed=s) for s in seeds]
+    frames = [_run(c, 0.40, 1.0) for c in configs]
+    for rollout, per_seed in levels.items():
+        for seed, (delta, ratio) in enumerate(per_seed):
+            configs.append(dataclasses.replace(BASE, rollout=rollout, seed=seed))
+            frames.append(_run(configs[-1], 0.40 + delta / 100, ratio))
+    return configs, pd.concat(frames, ignore_index=True)
+
+
+def _key(rollout: str) -> tuple:
+    return ("sort-gpt2", "stale", "default", int(rollout.split(":")[1]))
+
+
+def _merged(*stages: dict) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list] = {}
+    for stage in stages:
+        for rollout, per_seed in stage.items():
+            out[rollout] = [*out.get(rollout, []), *per_seed]
+    return out
+
+
+def test_a_round_grows_exactly_the_undecided_levels_by_the_documented_count():
+    """Round 1 after the plan: the levels whose intervals (computed here) reach a threshold get seeds —
+    stale:1 3 → 6, stale:2 3 → 5, stale:8 1 → 3 — and neither the tolerated fp8 level nor stale:4, not
+    tolerated on accuracy though its KL interval straddles, gets any; each new seed comes with its clean
+    twin unless that twin is planned already."""
+    grows = {r: _target(v) for r, v in PLANNED.items() if _undecided(v)}
+    assert grows == {"stale:1": 6, "stale:2": 5, "stale:8": 3}  # the premise, from the intervals alone
+    assert _undecided(PLANNED["stale:4"]) == [] and _interval([k for _, k in PLANNED["stale:4"]])[1] > abs(
+        statistics.fmean(k for _, k in PLANNED["stale:4"]) - KL_LIMIT)  # decided, though its KL straddles
+    configs, rows = _dataset(PLANNED)
+    step = next_round(configs, rows, max_seeds=CAP)
+    assert sorted(step.levels) == sorted((_key(r), len(PLANNED[r]), n) for r, n in grows.items())
+    new = {dataclasses.replace(BASE, rollout=r, seed=s) for r, n in grows.items() for s in range(len(PLANNED[r]), n)}
+    new |= {c.clean() for c in new} - set(configs)
+    assert len(step.runs) == len(set(step.runs)) and set(step.runs) == new
+
+
+def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
+    """Replayed from disk: round 1's runs ended leave stale:1 undecided at six seeds, so round 2 takes it to
+    the cap (6 → min(2·6, need) → 10) and nothing else; round 2's runs ended, no round 3 (at the cap)."""
+    configs, rows = _dataset(PLANNED)
+    after_1 = _merged(PLANNED, ROUND_1)
+    assert {r for r, v in after_1.items() if _undecided(v)} == {"stale:1"} and _target(after_1["stale:1"]) == CAP
+    _, rows_1 = _dataset(after_1)
+    round_1 = next_round(configs, rows, max_seeds=CAP).runs
+    ledger = {task_id(c): {"status": "done"} for c in (*configs, *round_1)}
+    everything, found = rounds(configs, rows_1, ledger, max_seeds=CAP)
+    assert len(found) == 2 and found[0].runs == round_1
+    assert found[1].levels == ((_key("stale:1"), 6, CAP),)
+    assert set(found[1].runs) == {dataclasses.replace(BASE, rollout=r, seed=s) for s in range(6, CAP)
+                                  for r in ("none", "stale:1")}
+    after_2 = _merged(after_1, ROUND_2)
+    assert _undecided(after_2["stale:1"]) != []  # still undecided at the cap: reported so, no more seeds
+    _, rows_2 = _dataset(after_2)
+    ledger |= {task_id(c): {"status": "done"} for c in found[1].runs}
+    final, found_2 = rounds(configs, rows_2, ledger, max_seeds=CAP)
+    assert [r.levels for r in found_2] == [r.levels for r in found] and set(final) == set(everything)
