@@ -61,12 +61,13 @@ def read_json(path: str | Path, what: str) -> object:
 
 
 def json_text(value: object, *, indent: int | None = 1) -> str:
-    """`value` as strict JSON: a NaN or an infinity (an undefined interval, a statistic never measured) becomes
-    `null`, which every JSON reader takes, where `json.dumps` would write the bare `NaN` that RFC 8259, `jq` and
-    JavaScript refuse; anything else not JSON-native is written as its `str`."""
+    """`value` as strict JSON, the one JSON writer of the package's outputs: a NaN or an infinity (an undefined
+    interval, a statistic that blew up) becomes the string `"nan"`, `"inf"` or `"-inf"` — `float()` reads it
+    back, and which one it was is kept — where `json.dumps` would write the bare `NaN` / `Infinity` that RFC 8259,
+    `jq` and JavaScript refuse; anything else not JSON-native is written as its `str`."""
     def finite(v: object) -> object:
         if isinstance(v, float):
-            return v if math.isfinite(v) else None
+            return v if math.isfinite(v) else str(v)
         if isinstance(v, dict):
             return {k: finite(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):

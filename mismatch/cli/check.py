@@ -36,8 +36,9 @@ def check(
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
     Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
-    early(models=(model,), specs=(rollout,), files=(("prompts file", prompts), ("thresholds file", thresholds),
-                                                     ("rollouts file", rollouts)))
+    early(models=(model,), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
+                                                     ("thresholds file not found: {path}", thresholds),
+                                                     ("rollouts file not found: {path}", rollouts)))
     from mismatch import admission as admission_lib
     from mismatch.cli import tables as console
 

@@ -32,7 +32,8 @@ Threads = Annotated[int | None, typer.Option(help="Torch CPU threads for this co
 def early(*, models: tuple = (), specs: tuple = (), files: tuple = ()) -> None:
     """Check what can be checked without torch before a command imports the library (seconds of torch and
     transformers start-up): model specs resolve to something (`locate`), rollout and perturbation specs parse,
-    input files exist. Each problem is the library's own one-line error, only sooner."""
+    input files exist (`files`: `(message, path)`, the message the library raises for that file missing, with a
+    `{path}` field). Each problem is the library's own one-line error, only sooner."""
     from mismatch.model.catalog import locate
     from mismatch.rollout_spec import RolloutSpec
 
@@ -42,9 +43,9 @@ def early(*, models: tuple = (), specs: tuple = (), files: tuple = ()) -> None:
     for spec in specs:
         if spec is not None:
             RolloutSpec.parse(spec)
-    for what, path in files:
+    for missing, path in files:  # `missing`: the library's own words for the absent file
         if path is not None and not Path(path).exists():
-            raise InputError(f"{what} not found: {path}")
+            raise InputError(missing.format(path=path))
 
 
 def set_threads(threads: int | None) -> None:

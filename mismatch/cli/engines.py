@@ -39,7 +39,7 @@ def score_rollouts(
         model, rollouts = None, None if model is None else Path(model)
     if rollouts is None:
         raise InputError("give the rollouts dump, after the trainer's checkpoint to recompute its log-probs")
-    early(models=(model,), files=(("rollouts file", rollouts),))
+    early(models=(model,), files=(("rollouts file not found: {path}", rollouts),))
     with err.status(f"scoring {rollouts}{'' if model is None else f' with {model}'}…"):
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import err, out
+from mismatch.cli.common import Threads, early, err, out
+from mismatch.files import json_text
 from mismatch.monitor.settings import MonitorSettings  # stdlib only: the defaults live on its fields
 
 EXIT = {"within": 0, "crossed": 1}
@@ -23,9 +23,12 @@ def monitor(
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
+    threads: Threads = None,
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step.
     Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 2 error."""
+    early(files=(("no log at {path}", log), ("thresholds file not found: {path}", thresholds),
+                 ("no framework config at {path}", framework_config)))
     from mismatch import monitor as monitor_lib
     from mismatch.cli import tables as console
 
@@ -34,7 +37,7 @@ def monitor(
     for path in report.written:
         console.wrote(err, path)
     if json_out:
-        typer.echo(json.dumps(report.summary(), indent=1))
+        typer.echo(json_text(report.summary()))
     else:
         out.print(console.monitor_table(report))
     raise typer.Exit(EXIT[report.status])

@@ -48,7 +48,7 @@ def probe(
     threads: Threads = None,
 ) -> None:
     """Probe how far a candidate's next-token distributions are from REFERENCE's."""
-    early(models=(reference, candidate), specs=tuple(perturb or ()), files=(("prompts file", prompts),))
+    early(models=(reference, candidate), specs=tuple(perturb or ()), files=(("prompts file not found: {path}", prompts),))
     from mismatch.cli import tables as console
     from mismatch.probes.runs import ProbeConfig, run_probes
 

@@ -15,7 +15,6 @@ own limit, but does not decide; so is a limit the framework applied itself (NeMo
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import pandas as pd
 
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
-from mismatch.files import atomic_write_text, check_writable
+from mismatch.files import atomic_write_text, check_writable, json_text
 from mismatch.metrics import ROLLOUT_STATS_CONFIG
 from mismatch.monitor.logs import STEP, Log, read_config, read_log
 from mismatch.monitor.names import GATES, NAMES, TOOLKIT, comparable_names, flat_config, meaning, resolve_settings
@@ -277,5 +276,5 @@ def write_monitor(report: MonitorReport, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_monitor(report, out / "monitor.png"),
                atomic_write_text(out / "monitor.csv", report.long_table().to_csv(index=False, na_rep="nan")),
-               atomic_write_text(out / "monitor.json", json.dumps(report.summary(), indent=1) + "\n")]
+               atomic_write_text(out / "monitor.json", json_text(report.summary()) + "\n")]
     return written

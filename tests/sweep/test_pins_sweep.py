@@ -18,9 +18,28 @@ from mismatch.sweep import task_id
 from mismatch.sweep.decide import next_round, rounds
 from mismatch.sweep.tasks import execute, pending_tasks
 from mismatch.verdict import DEFAULT_TOLERANCE
-from tests.opd.test_tolerance import STAMP, _t975_by_bisection
+from tests.opd.test_tolerance import STAMP
 
-t975 = functools.cache(_t975_by_bisection)  # slow (numerical integration): once per df
+
+@functools.cache
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom, by bisection on the closed form of
+    A(t | ν) = P(|T| ≤ t) (Abramowitz & Stegun 26.7.3–4, θ = atan(t/√ν)) — not the code's table."""
+    def central(t: float) -> float:
+        theta = math.atan(t / math.sqrt(df))
+        c, term, total = math.cos(theta) ** 2, 1.0, 1.0
+        for k in range(1, (df - 1) // 2 if df % 2 else df // 2):  # the series' terms after the first
+            term *= c * ((2 * k - 1) / (2 * k) if df % 2 == 0 else (2 * k) / (2 * k + 1))
+            total += term
+        if df % 2 == 0:
+            return math.sin(theta) * total
+        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if central(mid) < 0.95 else (lo, mid)
+    return (lo + hi) / 2
 
 # ---------------------------------------------------------------- 2. the prompt file's content in the task id
 
@@ -96,7 +115,7 @@ def _undecided(per_seed: list[tuple[float, float]]) -> list[tuple[float, float]]
     return [] if beyond else straddling
 
 
-def _target(per_seed: list[tuple[float, float]]) -> int:
+def _target(per_seed: list[tuple[float, float]], cap: int = CAP) -> int:
     """The seeds after the round, by the module's rule (decide.py docstring): the smallest n' whose t
     half-width is below every distance, within [n + 2, 2n] and the cap; three after one seed."""
     n, spreads = len(per_seed), _undecided(per_seed)
@@ -104,7 +123,7 @@ def _target(per_seed: list[tuple[float, float]]) -> int:
         return 3
     need = max(next((m for m in range(n, 2 * n) if t975(m - 1) * sd / math.sqrt(m) < distance), 2 * n)
                for distance, sd in spreads)
-    return min(CAP, max(n + 2, min(need, 2 * n)))
+    return min(cap, max(n + 2, min(need, 2 * n)))
 
 
 def _dataset(levels: dict[str, list[tuple[float, float]]]) -> tuple[list[OPDConfig], pd.DataFrame]:
@@ -150,7 +169,8 @@ def test_a_round_grows_exactly_the_undecided_levels_by_the_documented_count():
 
 def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     """Replayed from disk: round 1's runs ended leave stale:1 undecided at six seeds, so round 2 takes it to
-    the cap (6 → min(2·6, need) → 10) and nothing else; round 2's runs ended, no round 3 (at the cap)."""
+    the cap (6 → min(2·6, need) → 10) and nothing else; round 2's runs ended, no round 3 (at the cap). With a
+    cap of 7, round 2 is the one seed left below it (6 → 7)."""
     configs, rows = _dataset(PLANNED)
     after_1 = _merged(PLANNED, ROUND_1)
     assert {r for r, v in after_1.items() if _undecided(v)} == {"stale:1"} and _target(after_1["stale:1"]) == CAP
@@ -168,3 +188,7 @@ def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     ledger |= {task_id(c): {"status": "done"} for c in found[1].runs}
     final, found_2 = rounds(configs, rows_2, ledger, max_seeds=CAP)
     assert [r.levels for r in found_2] == [r.levels for r in found] and set(final) == set(everything)
+    assert _target(after_1["stale:1"], cap=7) == 7
+    _, found_7 = rounds(configs, rows_1, ledger, max_seeds=7)
+    assert found_7[1].levels == ((_key("stale:1"), 6, 7),)
+    assert set(found_7[1].runs) == {dataclasses.replace(BASE, rollout=r, seed=6) for r in ("none", "stale:1")}
