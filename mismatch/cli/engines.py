@@ -31,15 +31,15 @@ def score_rollouts(
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced, or, without MODEL,
     against the trainer log-probs the dump logged."""
-    from mismatch.cli import tables as console
-    from mismatch.engines import score_rollouts as score_lib
-    from mismatch.engines.score import trainer_side
-
     if rollouts is None:  # one argument: the dump alone
         model, rollouts = None, None if model is None else Path(model)
     if rollouts is None:
         raise InputError("give the rollouts dump, after the trainer's checkpoint to recompute its log-probs")
     early(models=(model,), files=(("rollouts file not found: {path}", rollouts),))
+    from mismatch.cli import tables as console
+    from mismatch.engines import score_rollouts as score_lib
+    from mismatch.engines.score import trainer_side
+
     with err.status(f"scoring {rollouts}{'' if model is None else f' with {model}'}…"):
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
     if out_path is not None:

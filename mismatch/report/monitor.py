@@ -35,6 +35,12 @@ def plot_monitor(report, path: Path) -> Path:
         above = values > stat.limit
         if above.any():
             ax.scatter(steps[above], values[above], color="tab:red", zorder=3, s=18, label="above the limit")
+        bad = ~np.isfinite(values)  # matplotlib draws nothing for NaN or ±inf: a vertical band marks each such step
+        for step in steps[bad]:
+            ax.axvspan(step - 0.5, step + 0.5, color="tab:purple", alpha=0.25, lw=0)
+        if bad.any():
+            ax.plot([], [], color="tab:purple", alpha=0.5, lw=6, label=f"not finite ({int(bad.sum())} steps: counted "
+                                                                      "above the limit)")
         title = stat.name + (" — gates" if stat is report.gating else "")
         if stat is report.gating and report.alarm_step is not None:
             ax.axvline(report.alarm_step, color="tab:red", ls="--", lw=1)

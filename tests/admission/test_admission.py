@@ -187,3 +187,42 @@ def test_a_calibration_of_two_sequences_says_its_interval_means_little():
     assert small.calibration["sequences"] == 2 and any("only 2 calibration sequences" in n for n in small.notes)
     enough = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS * 4, max_new_tokens=4, n_prompts=8), thresholds={"mismatch_kl": 1.0})
     assert enough.calibration["sequences"] >= 8 and not any("calibration sequence" in n for n in enough.notes)
+
+
+def test_no_recipe_is_honoured_on_a_reject_and_each_stage_is_said(tmp_path):
+    """A reject searches a recipe by default (against the fitted gate); `recipe=False` (`--no-recipe`) never does,
+    and says so in a note. `progress` hears every stage, and the CLI prints them on stderr off a terminal (the
+    README's rejecting check printed nothing for minutes), with stdout still the verdict alone (here JSON)."""
+    lm = mismatch.load("tiny-llama")
+    calibration = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6)
+    said: list[str] = []
+    searched = check(lm, "noise:2.0", calibration=calibration, thresholds={"mismatch_kl": 1e-3}, progress=said.append)
+    assert searched.status == "reject" and searched.recipe is not None
+    assert said[0].startswith("loading") and said[1].startswith("sampling 4 calibration responses")
+    assert said[2] == "recipe: noise:2 on each of 3 blocks alone"  # the spec in its canonical form
+    assert said[3] == "recipe: noise:2 on each module group of block 0 alone"
+    skipped = check(lm, "noise:2.0", calibration=calibration, thresholds={"mismatch_kl": 1e-3}, recipe=False)
+    assert skipped.status == "reject" and skipped.recipe is None
+    assert skipped.notes[-1] == "no recipe searched (recipe=False, `--no-recipe`)"
+    assert skipped.metrics == searched.metrics and skipped.decisions == searched.decisions  # the search changes no answer
+    path = _thresholds(1e-3).to_json(tmp_path / "t.json")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS))
+    res = CliRunner().invoke(app, ["check", "tiny-llama", "--rollout", "noise:2.0", "--prompts", str(prompts),
+                                   "--thresholds", str(path), "--max-new-tokens", "6", "--no-recipe", "--json"])
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["recipe"] is None
+    stages = res.stderr.strip().splitlines()
+    assert [s.split(" ", 1)[1].split(" ")[0] for s in stages] == ["checking", "loading", "sampling"]
+
+
+def test_json_output_is_strict_where_an_interval_is_undefined(tmp_path):
+    """One calibration sequence has no bootstrap spread: the interval is NaN. `--json` wrote a bare `NaN`, which
+    RFC 8259 JSON (jq, JavaScript, `json.loads(parse_constant=…)`) refuses; now the string "nan"."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat sat\n")
+    res = CliRunner().invoke(app, ["check", "tiny-llama", "--rollout", "noise:0.3", "--prompts", str(prompts),
+                                   "--max-new-tokens", "6", "--json"])
+    assert res.exit_code == 3, res.output
+    payload = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert payload["decisions"][0]["low"] == "nan" and math.isnan(float(payload["decisions"][0]["high"]))

@@ -342,3 +342,65 @@ def test_help_and_models_import_no_torch():
         done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
         assert "built-in models" in done.stdout or "Usage" in done.stdout
         assert done.stdout.strip().splitlines()[-1] == "[]", (argv, done.stdout[-200:])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "smollm2-135m", "--rollout", "int4:nope"], "error: unknown integer granularity 'nope'"),
+    (["check", "no-such-model", "--rollout", "int4"], "error: unknown model 'no-such-model'"),
+    (["probe", "smollm2-135m", "--perturb", "fp9", "--text", "hi"], "error: unknown perturbation kind 'fp9'"),
+    (["opd", "--pair", "sort-gpt2", "--rollout", "stale:x"], "error: stale needs an integer number of steps"),
+    (["check", "tiny-llama", "--prompts", "/nonexistent/p.txt"], "error: prompts file not found: /nonexistent/p.txt"),
+    (["score-rollouts", "/nonexistent/r.jsonl"], "error: rollouts file not found: /nonexistent/r.jsonl"),
+    (["monitor", "/nonexistent/log.jsonl"], "error: no log at /nonexistent/log.jsonl"),
+])
+def test_a_typo_is_answered_before_torch_loads(argv, message):
+    """What needs no model is checked before the library is imported (each command imported torch and
+    transformers first: 8–10 s before any of these lines): in a fresh interpreter, the one line, exit 2, and
+    torch never imported."""
+    import subprocess
+
+    code = ("import sys\nfrom mismatch.cli.app import main\nsys.argv = ['mismatch', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_unforeseen_error_is_one_line_exit_2_and_its_traceback_only_with_debug(monkeypatch):
+    """Exit 1 is `check`'s reject and `monitor`'s crossed: a crash that exited 1 read as a verdict. Any exception
+    the toolkit did not foresee is now one `error:` line and exit 2; `mismatch --debug` adds the traceback. (Here
+    a failure injected into the check's library call, as a bug would raise it.)"""
+    import mismatch.admission as admission
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("an internal failure\nwith a second line")
+
+    monkeypatch.setattr(admission, "check", crash)
+    monkeypatch.delenv("MISMATCH_DEBUG", raising=False)
+    res = runner.invoke(app, ["check", "tiny-llama", "--rollout", "int8:channel"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines()[-1] == ("error: RuntimeError: an internal failure (`mismatch --debug …` or "
+                                                   "MISMATCH_DEBUG=1 prints the traceback)")
+    debug = runner.invoke(app, ["--debug", "check", "tiny-llama", "--rollout", "int8:channel"])
+    monkeypatch.delenv("MISMATCH_DEBUG", raising=False)  # --debug set it in this process
+    assert debug.exit_code == 2 and "Traceback (most recent call last)" in debug.stderr
+    assert "error: RuntimeError: an internal failure" in debug.stderr
+
+
+def test_threads_sets_the_commands_torch_threads(tmp_path, monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, str(before))  # monkeypatch restores what the command sets
+    try:
+        seen = {}
+        import mismatch.report as report_lib
+
+        monkeypatch.setattr(report_lib, "report", lambda *a, **k: [] if seen.setdefault("threads", torch.get_num_threads()) else [])
+        res = runner.invoke(app, ["report", str(tmp_path), "--out-dir", str(tmp_path / "r"), "--threads", "1"])
+        assert seen.get("threads") == 1, res.output
+        bad = runner.invoke(app, ["report", str(tmp_path), "--out-dir", str(tmp_path / "r"), "--threads", "0"])
+        assert bad.exit_code == 2 and bad.stderr.strip() == "error: --threads must be ≥ 1, got 0"
+    finally:
+        torch.set_num_threads(before)

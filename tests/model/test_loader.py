@@ -166,3 +166,38 @@ def test_loading_and_saving_print_no_progress_bars_and_leave_the_callers_setting
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "Writing" not in err and "%|" not in err, err[:200]
     assert hf_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: __import__("mismatch").load(123), "a model spec must be str or PathLike, got int '123'"),
+    (lambda: __import__("mismatch").load_pair(5), "a pair name must be str or PathLike, got int '5'"),
+    (lambda: __import__("mismatch").check("tiny-llama", rollout=123), "rollout must be str or None, got int '123'"),
+    (lambda: __import__("mismatch").check(123, rollout="int8:channel"),
+     "model must be str or PathLike or LM, got int '123'"),
+])
+def test_a_wrong_argument_type_is_an_input_error_not_an_attribute_error(call, message):
+    """The API's answer to `load(123)` was `AttributeError: 'int' object has no attribute 'rpartition'`."""
+    with pytest.raises(InputError) as info:
+        call()
+    assert str(info.value) == message
+
+
+def test_a_truncated_weights_file_is_one_line_not_a_safetensors_traceback(tmp_path):
+    """A checkpoint copied short (or written onto a full disk): safetensors raised its own SafetensorError, which
+    the CLI printed as a traceback with exit 1 — `check`'s "reject"."""
+    import mismatch
+
+    lm = mismatch.load("tiny-llama")
+    lm.model.save_pretrained(tmp_path)
+    lm.tokenizer.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelNotAvailableError, match=r"a weights file is truncated or corrupt \(safetensors: "):
+        mismatch.load(str(tmp_path))
+    from typer.testing import CliRunner
+    from mismatch.cli.app import app
+
+    res = CliRunner().invoke(app, ["check", str(tmp_path), "--rollout", "int8:channel"])
+    last = res.stderr.strip().splitlines()[-1]  # after the check's stage lines
+    assert res.exit_code == 2 and last.startswith("error: cannot load the model in") and "truncated" in last
+    assert "Traceback" not in res.stderr

@@ -119,3 +119,21 @@ def test_a_malformed_line_that_is_not_a_cut_last_line_stays_an_error(tmp_path, c
         monitor(path)
     res = CliRunner().invoke(app, ["monitor", str(path)])
     assert res.exit_code == 2 and res.output.count("\n") == 1
+
+
+def test_the_figure_marks_each_non_finite_step(tmp_path, monkeypatch):
+    """matplotlib draws nothing for ±inf or NaN, so the plot would show a gap where the loudest signal is: each
+    non-finite step of a panel gets its own band, centred on the step, and a legend entry counts them."""
+    import mismatch.report.monitor as figure
+
+    path = tmp_path / "verl.jsonl"
+    _verl_file_log(path, [{"rollout_corr/kl": v} for v in [0.5 * LIMIT, INF, NAN, 0.4 * LIMIT]], monkeypatch)
+    report = monitor(path, settings=MonitorSettings(patience=3))
+    drawn = {}
+    monkeypatch.setattr(figure, "save_figure", lambda fig, where: drawn.setdefault("fig", fig) and where)
+    figure.plot_monitor(report, tmp_path / "monitor.png")
+    ax = drawn["fig"].axes[0]
+    bands = sorted((p.get_x(), p.get_x() + p.get_width()) for p in ax.patches
+                   if p.get_facecolor()[:3] == pytest.approx((0.580, 0.404, 0.741), abs=1e-3))  # tab:purple
+    assert bands == [(1.5, 2.5), (2.5, 3.5)]  # steps 2 (inf) and 3 (NaN), nothing else
+    assert any(text.get_text().startswith("not finite (2 steps") for text in ax.get_legend().get_texts())

@@ -54,9 +54,8 @@ def test_changed_prompts_under_the_same_file_name_are_a_new_task_that_resume_run
     for folder, text in lines.items():
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "prompts.txt").write_text(text)
-        tasks[folder] = ProbeConfig(reference="tiny-llama", perturb=("noise:0.01",), prompts=str(tmp_path / folder /
-                                                                                                  "prompts.txt"),
-                                    per_layer=False)
+        tasks[folder] = ProbeConfig(reference="tiny-llama", perturb=("noise:0.01",),
+                                    prompts=str(tmp_path / folder / "prompts.txt"), per_layer=False)
     digest = {f: hashlib.sha256((tmp_path / f / "prompts.txt").read_bytes()).hexdigest() for f in lines}
     assert digest["a"] == digest["b"] != digest["c"]  # the premise: same name, same / other content
     assert task_id(tasks["a"]) == task_id(tasks["b"]) != task_id(tasks["c"])
@@ -64,7 +63,8 @@ def test_changed_prompts_under_the_same_file_name_are_a_new_task_that_resume_run
     assert execute(tasks["a"], out, threads=1)["status"] == "done"
     todo, skipped = pending_tasks(list(tasks.values()), out, resume=True, retry_failed=False, threads=1)
     assert todo == [tasks["c"]] and skipped == {task_id(tasks["a"]): "done"}
-    assert pending_tasks(list(tasks.values()), out, resume=False, retry_failed=False, threads=1)[0] == list(tasks.values())
+    everything = list(tasks.values())
+    assert pending_tasks(everything, out, resume=False, retry_failed=False, threads=1)[0] == everything
 
 
 # ---------------------------------------------------------------- 3. the adaptive-seed rounds
@@ -77,9 +77,8 @@ ACC_LIMIT, KL_LIMIT = -DEFAULT_TOLERANCE.acc_tol, 1 + DEFAULT_TOLERANCE.kl_tol
 def _run(config: OPDConfig, acc: float, kl: float) -> pd.DataFrame:
     """A finished run's rows as `mismatch.opd.runs` writes them (`tidy(… .assign(level="step"), kind="opd",
     config=run_columns(config))`, runs.py), with the held-out metrics `trainer.evaluate` records."""
-    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
-            {"step": 0, "metric": "heldout_accuracy", "value": 0.25}, {"step": 2, "metric": "heldout_accuracy", "value": acc},
-            {"step": 1, "metric": "mismatch_kl", "value": 0.01}]
+    values = {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_accuracy": {0: 0.25, 2: acc}, "mismatch_kl": {1: 0.01}}
+    rows = [{"step": s, "metric": m, "value": v} for m, by_step in values.items() for s, v in by_step.items()]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
 
 
