@@ -28,22 +28,35 @@ def flash_attention_refuses(capability: str, flags: frozenset[str]) -> bool:
     (`amx_bf16`, Sapphire Rapids class) it packs bf16/fp16 operands for AMX's tiles once a sequence reaches
     64 tokens, and that packing (`pack_vnni2`) raises "only supported when avx512 is supported" when
     `ATEN_CPU_CAPABILITY` forces torch's kernels below AVX-512 (`DEFAULT`, `AVX2`), as CI's scalar-kernel
-    pass does. A torch limitation of the forced setting, not of the toolkit: the pass then runs SDPA on its
-    math kernel (`_attention_on_math_kernel`), so its point — every other kernel on scalar or AVX2 code,
-    another summation order — holds (`tests/test_kernels_pass.py` pins both halves)."""
+    pass does. A torch limitation of the forced setting, not of the toolkit: the pass then runs half-precision
+    attention on SDPA's math kernel (`_attention_on_math_kernel`), so its point — every other kernel, fp32
+    attention included, on scalar or AVX2 code: another summation order — holds (`tests/test_kernels_pass.py`
+    pins both halves)."""
     return capability in ("DEFAULT", "AVX2") and "amx_bf16" in flags
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _attention_on_math_kernel():
-    """On a CPU where `flash_attention_refuses`, SDPA's flash kernel is switched off for the session (the
-    flag also governs CPU kernel selection, despite its module's name): attention runs on the math kernel."""
+    """On a CPU where `flash_attention_refuses`, bf16 and fp16 attention in this process runs on SDPA's math
+    kernel (`sdpa_kernel(MATH)` around each such call: transformers looks `scaled_dot_product_attention` up on
+    `torch.nn.functional` at every call). fp32 attention keeps torch's own choice, so its numbers stay those of
+    the subprocesses tests start (CLI runs, Ray workers), which compare bit for bit with this process's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
     refuses = flash_attention_refuses(torch.backends.cpu.get_cpu_capability(), cpu_flags())
+    own = F.scaled_dot_product_attention
+
+    def routed(query, *args, **kwargs):
+        if query.dtype in (torch.bfloat16, torch.float16):
+            with sdpa_kernel(SDPBackend.MATH):
+                return own(query, *args, **kwargs)
+        return own(query, *args, **kwargs)
+
     if refuses:
-        torch.backends.cuda.enable_flash_sdp(False)
+        F.scaled_dot_product_attention = routed
     yield refuses
-    if refuses:
-        torch.backends.cuda.enable_flash_sdp(True)
+    F.scaled_dot_product_attention = own
 MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-mixtral")  # mixture-of-experts: fused 3-D expert tensors
 
 

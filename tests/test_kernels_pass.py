@@ -1,6 +1,6 @@
 """CI's scalar-kernel pass (`ATEN_CPU_CAPABILITY=default make test`) on CPUs with AMX: torch 2.13's CPU flash
-attention refuses bf16 there (`tests/conftest.py`, `flash_attention_refuses`), so the pass runs attention on the
-math kernel. Both halves are pinned where they apply: the refusal is real (not a workaround for nothing), and
+attention refuses bf16 there (`tests/conftest.py`, `flash_attention_refuses`), so the pass runs half-precision
+attention on the math kernel (fp32 attention stays on torch's choice, as in the subprocesses tests compare with). Both halves are pinned where they apply: the refusal is real (not a workaround for nothing), and
 the math kernel gives the attention a bf16 computation should."""
 
 import math
@@ -34,7 +34,7 @@ def test_the_condition_is_amx_with_torch_forced_below_avx512():
 
 @pytest.mark.skipif(not REFUSES, reason="not a forced-capability run on an AMX CPU: flash attention works here")
 def test_on_this_cpu_flash_attention_refuses_bf16_from_64_tokens_without_the_switch():
-    """In a fresh interpreter (without the session's switch) at this run's forced capability: 20 tokens run,
+    """In a fresh interpreter (without the session's routing) at this run's forced capability: 20 tokens run,
     64 are refused with torch's pack_vnni2 error. Should a later torch accept them, this fails, and the
     switch can go."""
     outcome = {T: subprocess.run([sys.executable, "-c", PROBE.format(T=T)], capture_output=True, text=True,
@@ -60,3 +60,11 @@ def test_attention_in_this_session_gives_bf16_accuracy_at_64_tokens(_attention_o
     s_max = scores.masked_fill(scores == -math.inf, 0).abs().max()
     bound = (math.expm1(2 * eps * s_max) + 3 * eps) * vd.abs().max()
     assert (out - ref).abs().max() <= bound
+
+
+def test_fp32_attention_is_left_to_torch():
+    """Only half-precision calls are routed: an fp32 call gives exactly the bits of torch's own function (the
+    builtin a subprocess — a CLI run, a Ray worker — calls), so rows compared across processes stay equal."""
+    q = torch.randn(1, 2, 70, 16, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                       torch._C._nn.scaled_dot_product_attention(q, q, q, is_causal=True))

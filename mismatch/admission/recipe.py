@@ -1,4 +1,4 @@
-"""Mixed-precision rollout recipes: the fewest modules to keep in high precision so that a rejected
+r"""Mixed-precision rollout recipes: the fewest modules to keep in high precision so that a rejected
 rollout format passes the admission check, and their export to vLLM and llm-compressor.
 
 Search (on the check's own calibration batch and reference pass):
