@@ -33,11 +33,17 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $@
 
 # llama.cpp (llama-cpp-python, the optional `engines` extra) builds from source: ~10 minutes on 2 cores.
+# Built for AVX2 (GGML_NATIVE off), not for the building CPU: a native build on an Intel Xeon with AMX dies with
+# SIGILL ("Illegal instruction") in ggml's AMX path on these virtual machines, and pip would reuse a cached native
+# wheel, so the build skips pip's cache.
 ENGINES := $(VENV)/.engines
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 engines: $(ENGINES)
 
 $(ENGINES): $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet --no-compile -c requirements.lock -e '.[engines]'
+	CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet --no-compile \
+		--no-cache-dir -c requirements.lock -e '.[engines]'
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -c "import llama_cpp"
 	touch $@
 
