@@ -55,8 +55,7 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # space may be freed and th
 def of_type(value: object, types: type | tuple[type, ...], what: str) -> None:
     """Raise `InputError` when `value` is not one of `types`: the API's one-line answer to a wrong argument
     (`load(123)`) where Python would raise an AttributeError from deep inside."""
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in (types if isinstance(types, tuple)
-                                                                                 else (types,))):
-        names = " or ".join("None" if t is type(None) else t.__name__ for t in (types if isinstance(types, tuple)
-                                                                                  else (types,)))
+    kinds = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # True is an int, not a spec
+        names = " or ".join("None" if t is type(None) else t.__name__ for t in kinds)
         raise InputError(f"{what} must be {names}, got {type(value).__name__} {str(value)[:40]!r}")

@@ -47,5 +47,10 @@ def locate(spec: str) -> str:
             f"'{spec}' is neither a built-in model ({', '.join(BUILTIN_DESCRIPTIONS)}), a local directory, "
             f"nor in the local Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}); "
             f"download it on a machine with network (`hf download {spec}`) or pass its directory")
-    raise ModelNotAvailableError(f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_DESCRIPTIONS)}), "
-                                 "not an existing directory, not a hub id (org/name)")
+    raise unknown_model(spec)
+
+
+def unknown_model(spec: str) -> ModelNotAvailableError:
+    """The error for a spec that is no built-in, no directory and no hub id (nor a pair's model)."""
+    return ModelNotAvailableError(f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_DESCRIPTIONS)}), "
+                                  "not an existing directory, not a hub id (org/name)")

@@ -47,7 +47,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate  # noqa: F401  (re-exported)
+from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate, unknown_model  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
@@ -379,7 +379,6 @@ def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
     elif where == "hub cache":
         model, tokenizer = _load_hub_cache(spec, dtype)
     else:  # PAIR:ROLE reaches here only from outside the pair registry (`mismatch.load` resolves it first)
-        raise ModelNotAvailableError(f"unknown model '{spec}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
-                                     "not an existing directory, not a hub id (org/name)")
+        raise unknown_model(spec)
     model.eval()
     return LM(model=model, tokenizer=tokenizer, name=spec)
