@@ -16,7 +16,7 @@ def opd(
     rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,
     staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (also with --rollout).")] = 0,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
-    loss: Annotated[str, typer.Option(help="pg-rkl, full-rkl or full-fkl.")] = "full-rkl",
+    loss: Annotated[str, typer.Option(help="pg-rkl, pg-rkl-is, full-rkl or full-fkl.")] = "full-rkl",
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
     batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,

@@ -195,7 +195,9 @@ class Samples:
     """Sampled responses and the rollout model's own log-probability of each response token."""
 
     batch: Batch
-    logprobs: torch.Tensor  # [B, T] fp32 nats: log π_R(y_t) at response tokens, 0 elsewhere
+    # [B, T] fp32 nats: log π_R(y_t) at response tokens, 0 elsewhere; None in OPD while the student's own
+    # samples wait for the update's pass to give them (`mismatch.opd.trainer.sample_rollouts`)
+    logprobs: torch.Tensor | None
 
 
 def token_logprobs(head: Head, hidden_ND: torch.Tensor, token_N: torch.Tensor, chunk_tokens: int, *,

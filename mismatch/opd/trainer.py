@@ -40,7 +40,7 @@ from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp,
 from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.model.loader import LM, quiet_loading
 from mismatch.opd.config import OPDConfig, lr_factor
-from mismatch.opd.losses import full_rkl, tis_weights, token_loss
+from mismatch.opd.losses import full_rkl, get_loss, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.verdict import diverged
 from mismatch.pairs import Pair, load_pair
@@ -74,15 +74,17 @@ def teacher_hidden(teacher, teacher_batch: Batch) -> torch.Tensor:
         return _hidden(teacher, teacher_batch, share_prefix=True)
 
 
-def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: torch.Tensor, logp_rollout_N: torch.Tensor,
-                  *, loss: str, tis_cap: float | None, chunk_tokens: int, temperature: float = 1.0,
+def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: torch.Tensor,
+                  logp_rollout_N: torch.Tensor | None, *, loss: str, tis_cap: float | None, chunk_tokens: int, temperature: float = 1.0,
                   top_p: float | None = None) -> StepResult:
     """Compute the OPD loss on a rollout batch and back-propagate it into the student.
 
     Args:
         student_batch: the rollout batch (the student's prompts and the response tokens).
         teacher_hidden_ND: `teacher_hidden(...)` on the same response tokens after the teacher's prompts.
-        logp_rollout_N: `[N]` rollout log-probs of the response tokens (row-major order).
+        logp_rollout_N: `[N]` rollout log-probs of the response tokens (row-major order); None when
+            the student itself sampled them with these weights: its log-probs from this pass are the
+            rollout's, the same numbers a separate pass gives (one code path), without that pass.
         loss: one of `LOSSES`; tis_cap: truncated importance sampling cap or None.
 
     Returns:
@@ -99,6 +101,9 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
     student_logp_N = (token_logprobs(student_head, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
                 if warped else torch.empty(n))
     logp_seconds = time.perf_counter() - t0
+    if logp_rollout_N is None:  # filled chunk by chunk below before any use, as `student_logp_N` is
+        logp_rollout_N = student_logp_N
+    weighted = get_loss(loss).weighted
     teacher_parts = logprob_chunks(Head.of(teacher), teacher_hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
     total = 0.0
     for rows in token_chunks(n, chunk_tokens):
@@ -112,8 +117,8 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
                 teacher_logp_PV = next(teacher_parts)[1]
                 if not warped:
                     student_logp_N[r] = student_logp_PV.detach().gather(-1, token_N[r].unsqueeze(-1)).squeeze(-1)
-            terms = token_loss(loss, student_logp_PV, teacher_logp_PV, token_N[r])
-            if tis_cap is not None:
+            terms = token_loss(loss, student_logp_PV, teacher_logp_PV, token_N[r], logp_rollout_N[r], tis_cap)
+            if tis_cap is not None and not weighted:
                 terms = terms * tis_weights(student_logp_N[r], logp_rollout_N[r], tis_cap)
             (terms.sum() / n).backward()  # each row's gradient is what one pass over the chunk gives it
             grad_CV[part], terms_C[part] = z_PV.grad, terms.detach()
@@ -125,10 +130,12 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
 
 @torch.no_grad()
 def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, student_context, teacher_context,
-                max_new_tokens: int, seed: int, chunk_tokens: int, task=None) -> tuple[float, list[float]]:
+                max_new_tokens: int, seed: int, chunk_tokens: int, task=None) -> tuple[float, float, list[float]]:
     """Mean per-token reverse KL(π_S ‖ π_T) (nats) on the student's own samples (temperature 1,
-    fixed `seed`) to `prompts`, and the task's reward of each sample, in prompt order (empty without
-    a task; a sample not ended by EOS scores 0)."""
+    fixed `seed`) to `prompts`, its standard error with the prompts as the sampling unit (the ratio
+    estimator's: `√(Σ_i (S_i − R·n_i)² / (m(m−1))) / n̄` for m prompts with KL sums S_i over n_i tokens,
+    R the mean; NaN for one prompt) — the evaluation's own Monte-Carlo error — and the task's reward of
+    each sample, in prompt order (empty without a task; a sample not ended by EOS scores 0)."""
     batch = generate(student, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, chat=chat,
                      context=student_context)  # `sample`'s tokens, without its log-prob pass (unused here)
     rewards = batch_rewards(batch, student.tokenizer, task, prompts) if task is not None else []
@@ -137,10 +144,17 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     student_hidden_ND = _hidden(student.model, batch, share_prefix=True)
     teacher_hidden_ND = _hidden(teacher.model, t_batch, share_prefix=True)
     teacher_chunks = logprob_chunks(Head.of(teacher.model), teacher_hidden_ND, chunk_tokens)
-    total = 0.0
-    for _, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
-        total += float(full_rkl(student_logp_PV, next(teacher_chunks)[1]).double().sum())
-    return total / student_hidden_ND.shape[0], rewards
+    kl_N = torch.empty(student_hidden_ND.shape[0], dtype=torch.float64)
+    for rows, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
+        kl_N[rows] = full_rkl(student_logp_PV, next(teacher_chunks)[1]).double()
+    row_N = batch.response_mask.bool().nonzero()[:, 0]
+    sums_M = torch.zeros(len(prompts), dtype=torch.float64).index_add_(0, row_N, kl_N)
+    counts_M = torch.bincount(row_N, minlength=len(prompts)).double()
+    mean = float(kl_N.sum()) / len(kl_N)
+    m = len(prompts)
+    se = (math.sqrt(float(((sums_M - mean * counts_M) ** 2).sum()) / (m * (m - 1))) / float(counts_M.mean())
+          if m > 1 else math.nan)
+    return mean, se, rewards
 
 
 # ---------------------------------------------------------------- the run and its steps
@@ -215,12 +229,18 @@ def rollout_seed(seed: int, step: int, resample: int = 0) -> int:
 
 def sample_rollouts(run: OPDRun, prompts: list[str], step: int) -> tuple[Samples, Batch]:
     """Step 1: the rollout copy's samples of `prompts` (seeded by the run's seed and `step`) with its
-    own log-probs, and the same response tokens after the teacher's prompt encoding."""
+    own log-probs, and the same response tokens after the teacher's prompt encoding. When the copy is
+    the student itself (clean, `resample`, `reuse`), its log-probs are left to the update, whose pass
+    computes the same numbers (`Samples.logprobs` None until then): one teacher-forced pass, not two."""
     pair, cfg = run.pair, run.config
     seed = rollout_seed(cfg.seed, step, cfg.rollout_spec.resample)
-    rollout = run.rollout_copy.sample(prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
-                                      top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context,
-                                      name=f"rollout[{cfg.rollout}]")
+    copy = run.rollout_copy
+    if copy.is_student and copy.engine is None:  # its log-probs come from the update's own pass (`update`)
+        rollout = Samples(generate(run.student, prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature,
+                                   top_p=cfg.top_p, seed=seed, chat=pair.chat, context=pair.student_context), None)
+    else:
+        rollout = copy.sample(prompts, max_new_tokens=run.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                              seed=seed, chat=pair.chat, context=pair.student_context, name=f"rollout[{cfg.rollout}]")
     t_batch = rollout.batch if pair.teacher_context == pair.student_context else reprompt(
         rollout.batch, pair.teacher.tokenizer, prompts, chat=pair.chat, context=pair.teacher_context)
     return rollout, t_batch
@@ -236,8 +256,9 @@ def update(run: OPDRun, rollout: Samples, teacher_hidden_ND: torch.Tensor) -> tu
     gradient norm before clipping and the learning rate the update used."""
     cfg, model = run.config, run.student.model
     run.optimizer.zero_grad(set_to_none=True)
+    mask = rollout.batch.response_mask.bool()
     result = loss_backward(model, run.pair.teacher.model, rollout.batch, teacher_hidden_ND,
-                           rollout.logprobs[rollout.batch.response_mask.bool()], loss=cfg.loss, tis_cap=cfg.tis_cap,
+                           None if rollout.logprobs is None else rollout.logprobs[mask], loss=cfg.loss, tis_cap=cfg.tis_cap,
                            chunk_tokens=cfg.chunk_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
     lr = run.optimizer.param_groups[0]["lr"]
@@ -299,11 +320,11 @@ def evaluate(run: OPDRun) -> dict[str, float]:
     a task with one correct response the expected sampled exact match, computed exactly
     (`heldout_expected_accuracy`, `mismatch.pairs.evaluate.expected_accuracy`)."""
     pair, cfg = run.pair, run.config
-    rkl, rewards = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
+    rkl, rkl_se, rewards = heldout_rkl(run.student, pair.teacher, run.eval_set, chat=pair.chat,
                                student_context=pair.student_context, teacher_context=pair.teacher_context,
                                max_new_tokens=run.max_new_tokens, seed=cfg.seed + EVAL_SEED_OFFSET,
                                chunk_tokens=cfg.chunk_tokens, task=pair.task)
-    out = {"heldout_rkl": rkl}
+    out = {"heldout_rkl": rkl, "heldout_rkl_se": rkl_se}
     if pair.task is not None:
         out["heldout_accuracy"], out["heldout_accuracy_se"] = mean_se(rewards)
     if pair.task is not None and hasattr(pair.task, "answer"):  # one correct response: its probability, exactly
@@ -364,6 +385,10 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     result, grad_norm, lr = update(run, rollout, teacher_hidden_ND)
     t3 = time.perf_counter()
     mask = rollout.batch.response_mask.bool()
+    if rollout.logprobs is None:  # the student sampled: its log-probs before this update are the rollout's
+        logprobs_BT = torch.zeros(rollout.batch.input_ids.shape, dtype=torch.float32)
+        logprobs_BT[mask] = result.logp_student
+        rollout = run.batch.rollout = Samples(rollout.batch, logprobs_BT)
     mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[mask], run.config.clip)
     seq = torch.unique(mask.nonzero()[:, 0], return_inverse=True)[1]  # each response token's sequence
     frameworks = rollout_stats(result.logp_student, rollout.logprobs[mask], seq)  # verl / slime / NeMo RL names

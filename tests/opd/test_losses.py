@@ -15,6 +15,7 @@ from mismatch.opd.losses import (
     full_fkl,
     full_rkl,
     pg_rkl,
+    pg_rkl_is,
     register_loss,
     tis_weights,
     token_loss,
@@ -34,6 +35,43 @@ def test_pg_rkl_value_and_gradient_by_hand():
     terms.sum().backward()
     # the advantage is held constant: dℓ/dlogπS = −A exactly
     assert logp_s.grad.tolist() == pytest.approx([math.log(2), -math.log(2)], rel=1e-6)
+
+
+def test_pg_rkl_is_value_and_gradient_by_hand():
+    """Tinker's importance-sampling loss on the sampled-token reverse KL: value −w·A, gradient −w·A with
+    A = log πT − log πR (the sampler's log-probs) and w = πS/πR, truncated at the TIS cap."""
+    logp_s = torch.tensor([math.log(0.5), math.log(0.25), math.log(0.4)], dtype=torch.float64, requires_grad=True)
+    logp_t = torch.tensor([math.log(0.25), math.log(0.5), math.log(0.4)], dtype=torch.float64)
+    logp_r = torch.tensor([math.log(0.125), math.log(0.5), math.log(0.1)], dtype=torch.float64)
+    w = [0.5 / 0.125, 0.25 / 0.5, 0.4 / 0.1]  # 4, 0.5, 4
+    a = [math.log(0.25 / 0.125), math.log(0.5 / 0.5), math.log(0.4 / 0.1)]
+    for cap, weights in ((None, w), (2.0, [min(x, 2.0) for x in w])):
+        logp_s.grad = None
+        terms = pg_rkl_is(logp_s, logp_t, logp_r, cap)
+        assert terms.tolist() == pytest.approx([-x * y for x, y in zip(weights, a)], rel=1e-12)
+        terms.sum().backward()
+        assert logp_s.grad.tolist() == pytest.approx([-x * y for x, y in zip(weights, a)], rel=1e-12)
+    # Tinker's form −exp(log πS − log πR)·A has the same value and gradient without a cap
+    plain = logp_s.detach().clone().requires_grad_()
+    (-(torch.exp(plain - logp_r) * (logp_t - logp_r))).sum().backward()
+    assert plain.grad.tolist() == pytest.approx([-x * y for x, y in zip(w, a)], rel=1e-12)
+
+
+def test_pg_rkl_is_on_the_students_own_samples_is_pg_rkl_bit_for_bit():
+    gen = torch.Generator().manual_seed(1)
+    ls = torch.log_softmax(torch.randn(6, 13, generator=gen), -1).requires_grad_()
+    lt = torch.log_softmax(torch.randn(6, 13, generator=gen), -1)
+    y = torch.randint(0, 13, (6,), generator=gen)
+    own = ls.detach().gather(-1, y[:, None]).squeeze(-1)
+    grads = []
+    for name, rollout in (("pg-rkl", None), ("pg-rkl-is", own), ("pg-rkl-is", None)):
+        ls.grad = None
+        terms = token_loss(name, ls, lt, y, rollout, 2.0)
+        terms.sum().backward()
+        grads.append((terms.detach(), ls.grad.clone()))
+    (_, g0), *rest = grads
+    assert all(torch.equal(g, g0) for _, g in rest)  # the same update, bit for bit
+    assert torch.equal(rest[0][0], rest[1][0])  # None: the student's own log-probs
 
 
 def test_full_kls_by_hand_and_gradients_by_finite_differences():
@@ -70,13 +108,14 @@ def test_tis_weights_truncate_and_carry_no_gradient():
 def test_unknown_loss():
     with pytest.raises(ValueError, match="unknown loss 'kl'.*pg-rkl") as info:
         token_loss("kl", torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))
-    assert str(info.value) == "unknown loss 'kl'; valid: pg-rkl, full-rkl, full-fkl"
+    assert str(info.value) == "unknown loss 'kl'; valid: pg-rkl, pg-rkl-is, full-rkl, full-fkl"
 
 
 def test_loss_registry():
-    assert LOSSES == tuple(LOSS_REGISTRY) == ("pg-rkl", "full-rkl", "full-fkl")
+    assert LOSSES == tuple(LOSS_REGISTRY) == ("pg-rkl", "pg-rkl-is", "full-rkl", "full-fkl")
     assert {name: loss.full_vocab for name, loss in LOSS_REGISTRY.items()} == {
-        "pg-rkl": False, "full-rkl": True, "full-fkl": True}
+        "pg-rkl": False, "pg-rkl-is": False, "full-rkl": True, "full-fkl": True}
+    assert [name for name, loss in LOSS_REGISTRY.items() if loss.weighted] == ["pg-rkl-is"]
     assert all(loss.name == name and loss.description and "\n" not in loss.description
                for name, loss in LOSS_REGISTRY.items())
     with pytest.raises(ValueError, match="'pg-rkl' is already registered"):
@@ -113,7 +152,7 @@ def test_token_loss_dispatches_through_the_registry(monkeypatch, full_vocab):
         assert a is ls and b is lt
     else:
         assert a.tolist() == [2.0, 3.0] and b.tolist() == [-2.0, -3.0]  # the sampled tokens' log-probs
-    with pytest.raises(ValueError, match="valid: pg-rkl, full-rkl, full-fkl, spy"):
+    with pytest.raises(ValueError, match="valid: pg-rkl, pg-rkl-is, full-rkl, full-fkl, spy"):
         token_loss("kl", ls, lt, torch.tensor([0, 0]))
 
 
@@ -141,20 +180,25 @@ def _direct_loss(student, teacher, batch, loss, logp_r=None, cap=None):
         s_row, t_row = ls[b, t - 1], lt[b, t - 1]
         if loss == "pg-rkl":
             term = -(t_row[y] - s_row[y]).detach() * s_row[y]
+        elif loss == "pg-rkl-is":  # Tinker's importance_sampling loss: −(πS/πR)·A, A from the sampler
+            r = logp_r.double()[len(terms)]
+            ratio = torch.exp(s_row[y] - r)
+            weight = ratio if cap is None else ratio.detach().clamp(max=cap) * torch.exp(s_row[y] - s_row[y].detach())
+            term = -weight * (t_row[y] - r)
         elif loss == "full-rkl":
             term = (s_row.exp() * (s_row - t_row)).sum()
         else:
             term = (t_row.exp() * (t_row - s_row)).sum()
         terms.append(term)
     terms = torch.stack(terms)
-    if cap is not None:
+    if cap is not None and loss != "pg-rkl-is":
         terms = terms * torch.exp(ls.detach()[batch.response_mask.bool().roll(-1, 1)]
                                   .gather(-1, batch.input_ids[batch.response_mask.bool()].unsqueeze(-1)).squeeze(-1)
                                   - logp_r.double()).clamp(max=cap)
     return terms.mean()
 
 
-@pytest.mark.parametrize("loss", ["pg-rkl", "full-rkl", "full-fkl"])
+@pytest.mark.parametrize("loss", ["pg-rkl", "pg-rkl-is", "full-rkl", "full-fkl"])
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
 def test_chunked_loss_backward_matches_direct_autograd_at_any_chunk_size(tiny, loss, family):
     student, teacher = copy.deepcopy(tiny(family, 0).model), tiny(family, 1).model
@@ -175,7 +219,7 @@ def test_chunked_loss_backward_matches_direct_autograd_at_any_chunk_size(tiny, l
             _assert_grad_close(p.grad, ref_grads[n], n)
 
 
-@pytest.mark.parametrize("loss", ["pg-rkl", "full-rkl", "full-fkl"])
+@pytest.mark.parametrize("loss", ["pg-rkl", "pg-rkl-is", "full-rkl", "full-fkl"])
 def test_loss_backward_rows_per_pass_changes_no_bit(tiny, loss, monkeypatch):
     """The elementwise loss work runs `CACHE_ROWS` rows at a time after one head matmul per chunk:
     gradients, loss and log-probs equal those of one pass over each whole chunk, bit for bit."""
@@ -199,7 +243,7 @@ def test_loss_backward_rows_per_pass_changes_no_bit(tiny, loss, monkeypatch):
         assert all(torch.equal(grads_k[n], grads0[n]) for n in grads0)
 
 
-@pytest.mark.parametrize("loss", ["pg-rkl", "full-rkl", "full-fkl"])
+@pytest.mark.parametrize("loss", ["pg-rkl", "pg-rkl-is", "full-rkl", "full-fkl"])
 def test_tis_reweights_each_token_of_a_mismatched_rollout_by_its_truncated_ratio(tiny, loss):
     """Rollouts from a noisy copy of the student: the weights min(π_S/π_R, 2) vary and some truncate,
     and the loss and gradient are those of the reweighted direct computation (float64, full logits)
@@ -220,7 +264,8 @@ def test_tis_reweights_each_token_of_a_mismatched_rollout_by_its_truncated_ratio
     student.zero_grad(set_to_none=True)
     direct = _direct_loss(student, teacher, batch, loss, logp_r, cap=2.0)
     direct.backward()
-    unweighted = float(_direct_loss(student, teacher, batch, loss).detach())
+    # without TIS: pg-rkl-is keeps its plain ratio, the others lose their weights
+    unweighted = float(_direct_loss(student, teacher, batch, loss, logp_r if loss == "pg-rkl-is" else None).detach())
     # fp32 logits against float64: ~1e-6 relative per term (the bound of the chunked-loss test above)
     assert res.loss == pytest.approx(float(direct.detach()), rel=1e-5)
     assert abs(res.loss - unweighted) > 100 * 1e-5 * abs(unweighted)

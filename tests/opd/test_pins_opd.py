@@ -153,7 +153,7 @@ def test_the_update_clips_the_gradient_to_the_configured_max_norm():
     teacher_hidden_ND = score_with_teacher(run, teacher_batch)
     twin = copy.deepcopy(model)  # the same weights: the same raw gradient, bit for bit
     loss_backward(twin, run.pair.teacher.model, rollout.batch, teacher_hidden_ND,
-                  rollout.logprobs[rollout.batch.response_mask.bool()], loss=config.loss, tis_cap=config.tis_cap,
+                  None, loss=config.loss, tis_cap=config.tis_cap,  # the student sampled: its own log-probs
                   chunk_tokens=config.chunk_tokens, temperature=config.temperature, top_p=config.top_p)
     raw = {n: p.grad.double() for n, p in twin.named_parameters() if p.grad is not None}
     raw_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in raw.values()))

@@ -251,8 +251,8 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
     assert pair.student_context == pair.teacher_context  # the teacher scores the same batch
     prompts = pair.prompts("held_out", 12)
     kw = dict(chat=pair.chat, max_new_tokens=pair.max_new_tokens, seed=4)
-    got, _ = heldout_rkl(pair.student, pair.teacher, prompts, student_context=pair.student_context,
-                         teacher_context=pair.teacher_context, chunk_tokens=5, **kw)
+    got, se, _ = heldout_rkl(pair.student, pair.teacher, prompts, student_context=pair.student_context,
+                             teacher_context=pair.teacher_context, chunk_tokens=5, **kw)
     batch = generate(pair.student, prompts, temperature=1.0, context=pair.student_context, **kw)
     pos = position_ids(batch.attention_mask)
     with torch.no_grad():
@@ -264,6 +264,14 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
     # fp32 log-probs against float64: ~1e-6 nats per term, well inside rel 1e-5 of a ~1-nat mean
     assert got == pytest.approx(rkl, rel=1e-5)
     assert abs(fkl - rkl) > 0.01 * rkl
+    # its standard error over prompts: the delete-one jackknife of the ratio estimator (another formula,
+    # the same first-order error: (m−1)/m · Σ (R_(i) − R̄_(.))² ≈ the linearised variance, to O(1/m))
+    sums = [sum(float((ls[b, t].exp() * (ls[b, t] - lt[b, t])).sum()) for b, t in rows if b == i) for i in range(len(prompts))]
+    counts = [sum(1 for b, _ in rows if b == i) for i in range(len(prompts))]
+    m = len(prompts)
+    loo = [(sum(sums) - sums[i]) / (sum(counts) - counts[i]) for i in range(m)]
+    jack = math.sqrt((m - 1) / m * sum((x - sum(loo) / m) ** 2 for x in loo))
+    assert 0 < se and se == pytest.approx(jack, rel=0.25)  # O(1/m) apart at m = 12 prompts
 
 
 def test_step_zero_is_evaluated_once_per_seed_and_read_back_bit_for_bit(tmp_path, monkeypatch):
