@@ -3,11 +3,14 @@
 Reads results only. Every OPD run is first judged against its clean twin — the clean run that shares
 every other field, the seed included (`mismatch.opd.verdict.verdict_table`) — giving Δ final held-out
 accuracy and the final held-out KL ratio. Runs that differ only in their seed are then pooled: the
-mean over seeds of each, with its 95% interval (Student t over seeds, `t_interval`). A level is
+mean over seeds of each, with the sequential design's repeated confidence interval at the look its
+seeds have reached (`judge_level`, `mismatch.sequential`: α-spending over looks at 3, 6, 10, 16
+seeds, the sd pooled with the pair's A/A level as a floor). A level is
   * `tolerated` when both intervals lie within the thresholds (Δ accuracy ≥ −acc_tol, KL ratio ≤
     1 + kl_tol),
   * `not tolerated` when either interval lies wholly beyond its threshold,
-  * `uncertain` otherwise: an interval straddles a threshold (one seed gives no interval).
+  * `uncertain` otherwise: an interval straddles a threshold (before the first look: no interval).
+`t_interval` (the plain 95% Student-t interval) remains for descriptive spreads.
 The tolerance table names, per pair × source × settings, the largest level tolerated with every
 smaller level tolerated too (noise σ, staleness K, reuse R), and for formats the cheapest tolerated
 format (fewest stored bits per weight, `weight_bits`).
@@ -27,6 +30,7 @@ import pandas as pd
 from mismatch.opd.config import COMPARISON_FIELDS
 from mismatch.opd.verdict import DIVERGED_FACTOR, opd_runs, verdict_table
 from mismatch.rollout_spec import RolloutSpec
+from mismatch.sequential import DEFAULT_DESIGN, Design, pooled_sd
 from mismatch.verdict import DEFAULT_TOLERANCE, TOLERANCE_WORDS, Tolerance
 
 # two-sided 95% quantiles t_{0.975, df} of Student's t, df = 1 … 30 (any statistics table)
@@ -96,32 +100,97 @@ def _short(value: object) -> str:
     return str(value)
 
 
-def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
+STATISTICS = ("acc_delta", "kl_ratio")  # the two a level is judged by, each against its threshold
+
+
+def judge_level(acc: np.ndarray | list[float], kl: np.ndarray | list[float], acc_reference=None, kl_reference=None, *,
+                tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN) -> dict[str, object]:
+    """The rule that judges one level from its per-seed values: the study's analysis (`level_table`) and
+    the simulation of its error (`mismatch.sequential.simulate`, tested) both call it.
+
+    Each statistic (Δ accuracy, KL ratio) gets its mean, an sd (`pooled_sd`: its own, pooled with the
+    A/A level's values `*_reference` when an F-test allows), and the repeated confidence interval of the
+    design at the look its seed count has reached (`Design.half_width`); the verdict is the one interval
+    rule (`Tolerance.judge`) on those intervals.
+
+    Returns:
+        `seeds`, `look`, per statistic `X`, `X_hw`, `X_sd`, `X_df`, `X_basis`, and `verdict` (a word).
+    """
+    out: dict[str, object] = {}
+    seeds = 0
+    for name, values, reference in (("acc_delta", acc, acc_reference), ("kl_ratio", kl, kl_reference)):
+        x = np.asarray(values, dtype=float)
+        x = x[np.isfinite(x)]
+        seeds = max(seeds, len(x))
+        spread = pooled_sd(x, reference)
+        out[name] = float(x.mean()) if len(x) else math.nan
+        out[f"{name}_hw"] = design.half_width(spread.sd, len(x), spread.df) if len(x) >= 2 else math.nan
+        out[f"{name}_sd"], out[f"{name}_df"], out[f"{name}_basis"] = spread.sd, spread.df, spread.basis
+    out["seeds"], out["look"] = seeds, design.look(seeds)
+    out["verdict"] = tolerance.judge(out["kl_ratio"], out["kl_ratio_hw"], out["acc_delta"],
+                                     out["acc_delta_hw"]).word(TOLERANCE_WORDS)
+    return out
+
+
+def _clearance(mean: float, half: float, limit: float) -> float:
+    """How far the interval `mean ± half` stays off `limit` (positive: it clears it; NaN without one)."""
+    return abs(mean - limit) - half
+
+
+def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
+                design: Design = DEFAULT_DESIGN) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
-    over seeds; runs sharing a seed are averaged into one value first): seeds (distinct), mean
-    mismatch_kl, Δ accuracy and KL ratio with their 95% half-widths, the verdict, each mean's distance
-    from its threshold on the allowed side (`acc_margin` = Δ + acc_tol, `kl_margin` = 1 + kl_tol − ratio:
-    negative beyond it; an undecided level's margin below its half-width is what more seeds must
-    resolve), and the accuracy metric compared (`accuracy_metric`: the expected exact match where
-    exact, else the sampled one)."""
+    over seeds; runs sharing a seed are averaged into one value first), judged by `judge_level` under
+    the sequential `design`: seeds (distinct), the look reached, mean mismatch_kl, Δ accuracy and KL
+    ratio with their half-widths, sds, degrees of freedom and the sd's basis (own or pooled with the
+    pair's A/A level), the verdict, each mean's distance from its threshold on the allowed side
+    (`acc_margin` = Δ + acc_tol, `kl_margin` = 1 + kl_tol − ratio: negative beyond it), the evaluation's
+    Monte-Carlo standard error of each mean (`acc_delta_mc_se`, `kl_ratio_mc_se`: from the runs'
+    `heldout_*_se`; 0 for the exact expected accuracy), `marginal` (an interval clears its threshold by
+    less than that Monte-Carlo error), `same_as` (other levels whose runs are identical bit for bit —
+    the same rollout weights, e.g. int4:group128 ≡ int4:channel when every row is 128 wide: reported
+    once, under the first), and the accuracy metric compared (`accuracy_metric`)."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     # grouped by the level's repr: pandas factorizes 1 and 1.0 (stale:1, noise:1.0) as one value
     judged = judged.assign(level_key=judged["level"].map(repr))
-    out = []
+    columns = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se", "kl_ratio_mc_se"]
+    groups = []
     for (pair, source, settings, _), runs_of in judged.groupby(["pair", "source", "settings", "level_key"], sort=False):
-        level = runs_of["level"].iloc[0]
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
-        group = runs_of.groupby("seed", sort=False, dropna=False)[["acc_delta", "kl_ratio", "mismatch_kl",
-                                                                   "copy_kl_fwd_mean"]].mean()
-        acc, acc_hw = t_interval(group["acc_delta"].dropna())
-        kl, kl_hw = t_interval(group["kl_ratio"].dropna())
-        judged_as = tolerance.judge(kl, kl_hw, acc, acc_hw).word(TOLERANCE_WORDS)  # the one interval rule
-        out.append({"pair": pair, "source": source, "settings": settings, "level": level, "seeds": len(group),
-                    "mismatch_kl": float(group["mismatch_kl"].mean()), "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),
-                    "acc_delta": acc, "acc_delta_hw": acc_hw,
-                    "kl_ratio": kl, "kl_ratio_hw": kl_hw, "verdict": judged_as,
-                    "acc_margin": acc + tolerance.acc_tol, "kl_margin": 1 + tolerance.kl_tol - kl,
-                    "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna())))})
+        groups.append((pair, source, settings, runs_of,
+                       runs_of.groupby("seed", sort=True, dropna=False)[[c for c in columns if c in runs_of]].mean()))
+    references = {(pair, settings): group for pair, source, settings, _, group in groups if source == NOISE_FLOOR_SOURCE}
+    out, seen = [], {}
+    for pair, source, settings, runs_of, group in groups:
+        level = runs_of["level"].iloc[0]
+        fingerprint = (pair, source, settings, tuple(map(tuple, group[["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean"]]
+                                                          .reset_index().fillna(-1.0).to_numpy().tolist())))
+        if source != NOISE_FLOOR_SOURCE and fingerprint in seen:  # the same runs bit for bit: one level
+            seen[fingerprint]["same_as"].append(_short(level))
+            continue
+        ref = references.get((pair, settings)) if source != NOISE_FLOOR_SOURCE else None
+        row = {"pair": pair, "source": source, "settings": settings, "level": level}
+        row.update(judge_level(group["acc_delta"], group["kl_ratio"],
+                               None if ref is None else ref["acc_delta"], None if ref is None else ref["kl_ratio"],
+                               tolerance=tolerance, design=design))
+        row.update({"seeds": len(group),
+                    "mismatch_kl": float(group["mismatch_kl"].mean()),
+                    "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),
+                    "acc_margin": row["acc_delta"] + tolerance.acc_tol, "kl_margin": 1 + tolerance.kl_tol - row["kl_ratio"],
+                    "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna()))), "same_as": []})
+        marginal = False
+        for name, limit in (("acc_delta", -tolerance.acc_tol), ("kl_ratio", 1 + tolerance.kl_tol)):
+            se = group.get(f"{name}_mc_se")
+            mc = float(np.sqrt((se.dropna() ** 2).sum()) / len(se.dropna())) if se is not None and se.notna().any() else math.nan
+            row[f"{name}_mc_se"] = mc
+            clear = _clearance(row[name], row[f"{name}_hw"], limit)
+            marginal |= bool(clear > 0 and mc == mc and clear < mc)
+        row["marginal"] = marginal
+        if source != NOISE_FLOOR_SOURCE:
+            seen[fingerprint] = row
+        out.append(row)
+    for row in out:
+        row["same_as"] = ", ".join(row["same_as"])
     frame = pd.DataFrame(out)
     if frame.empty:
         return frame
@@ -170,12 +239,13 @@ class Analysis:
     tolerance: Tolerance
     runs: pd.DataFrame
     levels: pd.DataFrame
+    design: Design = DEFAULT_DESIGN
 
 
-def analyse(rows: pd.DataFrame, tolerance: Tolerance = DEFAULT_TOLERANCE) -> Analysis:
+def analyse(rows: pd.DataFrame, tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN) -> Analysis:
     """`Analysis` of the OPD rows among `rows` (tidy results; other kinds are ignored)."""
     runs = run_table(rows[rows["kind"] == "opd"], tolerance=tolerance)
-    return Analysis(tolerance, runs, level_table(runs, tolerance=tolerance))
+    return Analysis(tolerance, runs, level_table(runs, tolerance=tolerance, design=design), design)
 
 
 def run_verdicts(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,

@@ -65,7 +65,9 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
 
     Returns:
         clean / run held-out KL (nats) and accuracy, `kl_ratio` = run / clean, `acc_delta` =
-        run − clean, `accuracy_metric` (the metric compared), and `tolerated`.
+        run − clean, `accuracy_metric` (the metric compared), the evaluation's Monte-Carlo standard error
+        of each (`kl_ratio_mc_se`, `acc_delta_mc_se`: from the runs' `heldout_rkl_se` and
+        `heldout_accuracy_se`, 0 for the exact expected accuracy, NaN without them), and `tolerated`.
     """
     common = min(last_step(clean_rows), last_step(run_rows))  # runs still going: compare at the same step
     metric = accuracy_metric(clean_rows, run_rows)
@@ -80,6 +82,13 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
     out["kl_ratio"] = out["run_heldout_rkl"] / clean_kl if clean_kl != 0 else (  # a clean run at KL 0
         1.0 if out["run_heldout_rkl"] == 0 else math.inf)
     out["acc_delta"] = out["run_heldout_accuracy"] - out["clean_heldout_accuracy"]
+    # the evaluation's Monte-Carlo error of each comparison (the two runs' standard errors combined; NaN
+    # where a run recorded none; the expected accuracy is exact: 0)
+    rkl_se = [final_value(rows, "heldout_rkl_se", at_most=common) for rows in (clean_rows, run_rows)]
+    out["kl_ratio_mc_se"] = abs(out["kl_ratio"]) * math.hypot(rkl_se[0] / clean_kl, rkl_se[1] / out["run_heldout_rkl"]) \
+        if clean_kl and out["run_heldout_rkl"] else math.nan
+    out["acc_delta_mc_se"] = 0.0 if metric == "heldout_expected_accuracy" else math.hypot(
+        *(final_value(rows, "heldout_accuracy_se", at_most=common) for rows in (clean_rows, run_rows)))
     out["tolerated"] = tolerance.kept_up(out["kl_ratio"], out["acc_delta"])  # one run: the point values
     return out
 
@@ -135,6 +144,7 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
                       "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),
                       "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
                       "tolerated": v.get("tolerated"),
+                      "kl_ratio_mc_se": v.get("kl_ratio_mc_se", math.nan), "acc_delta_mc_se": v.get("acc_delta_mc_se", math.nan),
                       "complete": last_step(metrics) == cfg.get("steps") and (
                           base is None or last_step(base) == cfg.get("steps")),
                       "last_step": last_step(metrics), "steps": cfg.get("steps"), "diverged": diverged(metrics)})

@@ -31,9 +31,10 @@ from mismatch.pairs.registry import PAIRS, member_spec
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
 from mismatch.report.probe import is_isolation
-from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, Analysis, analyse, noise_floor, tolerance_table,
-                                     weight_bits)
+from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
+                                     noise_floor, tolerance_table, weight_bits)
 from mismatch.results import summaries
+from mismatch.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 MARKERS = "osD^v<>P*X"
@@ -287,24 +288,90 @@ def _floor_markdown(floor: pd.DataFrame) -> list[str]:
             markdown_table(shown), ""]
 
 
+def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Tolerance, design: Design,
+                   simulated: int = 20_000) -> pd.DataFrame:
+    """Per pair × settings with an A/A level of ≥ 3 seeds: the design's realised two-sided error at each
+    threshold, simulated (`mismatch.sequential.simulate`, `simulated` levels) with the study's own rule and
+    planner at the spreads the A/A level measured (sds of Δ accuracy and KL ratio over its seeds, their
+    correlation), a reference of as many seeds, up to the design's last look."""
+    out = []
+    twins = runs[(runs["source"] == NOISE_FLOOR_SOURCE) & runs["complete"] & (runs["baseline"] != "")]
+    for (pair, settings), group in twins.groupby(["pair", "settings"], sort=True):
+        per_seed = group.groupby("seed")[["acc_delta", "kl_ratio"]].mean()
+        if len(per_seed) < 3:
+            continue
+        has_acc = per_seed["acc_delta"].notna().all()
+        acc_sd = float(per_seed["acc_delta"].std(ddof=1)) if has_acc else 0.0
+        kl_sd = float(per_seed["kl_ratio"].std(ddof=1))
+        corr = float(per_seed["acc_delta"].corr(per_seed["kl_ratio"])) if has_acc and acc_sd > 0 and kl_sd > 0 else 0.0
+        judge = lambda a, k, ra, rk: judge_level(a, k, ra, rk, tolerance=tolerance, design=design)["verdict"]  # noqa: E731
+        plan = lambda n, v, cap: next_seeds(n, v, cap, design)  # noqa: E731
+        cases = [("KL ratio", 0.0 if has_acc else math.nan, 1 + tolerance.kl_tol)]
+        if has_acc and acc_sd > 0:
+            cases.insert(0, ("Δ accuracy", -tolerance.acc_tol, 1.0))
+        for threshold, acc, kl in cases:
+            sim = simulate(judge, plan, true_acc=acc, true_kl=kl, acc_sd=max(acc_sd, 1e-12), kl_sd=max(kl_sd, 1e-12),
+                           corr=corr if math.isfinite(corr) else 0.0, reference_seeds=len(per_seed),
+                           cap=design.looks[-1], levels=simulated, seed=0)
+            out.append({"pair": pair, "settings": settings, "threshold": threshold, "aa_seeds": len(per_seed),
+                        "realised_alpha": sim.decided, "mc_se": sim.decided_se, "mean_seeds": sim.mean_seeds})
+    return pd.DataFrame(out)
+
+
+def _design_markdown(levels: pd.DataFrame, alpha: pd.DataFrame, design: Design) -> list[str]:
+    judged = levels[levels["source"] != NOISE_FLOOR_SOURCE]
+    decided = int((judged["verdict"] != "uncertain").sum())
+    lines = ["## The design and its error", "",
+             f"Sequential design: {design.describe()}. A level is judged at the look its seeds have reached with a "
+             "repeated confidence interval mean ± c·sd/√n; its sd is pooled with the pair's A/A level unless it is "
+             "larger than that (`mismatch.sequential.pooled_sd`); undecided levels get the next look's seeds, whatever "
+             "their data (docs/sweeps.md).", "",
+             f"{len(judged)} levels judged, {decided} decided. A level on a threshold is called either way with "
+             f"chance at most α = {design.alpha:g}, and one off it on the wrong side with at most α/2, so at most "
+             f"≈ {design.alpha * len(judged):.1f} wrong verdicts are expected among them were every level on a "
+             "threshold, far fewer as levels lie away from theirs."]
+    if "marginal" in judged and judged["marginal"].any():
+        lines += ["", "Marginal (an interval clears its threshold by less than the evaluation's own Monte-Carlo "
+                  "error): " + ", ".join(f"{r.pair} {r.source} {r.level}" for r in judged[judged["marginal"]].itertuples())
+                  + "."]
+    if "same_as" in judged and (judged["same_as"] != "").any():
+        lines += ["", "Identical levels (the same runs bit for bit, reported once): " + "; ".join(
+            f"{r.pair} {r.level} ≡ {r.same_as}" for r in judged[judged["same_as"] != ""].itertuples()) + "."]
+    if len(alpha):
+        shown = alpha.assign(realised_alpha=[f"{100 * a:.2f}% ± {100 * s:.2f}" for a, s in
+                                             zip(alpha["realised_alpha"], alpha["mc_se"])],
+                             mean_seeds=alpha["mean_seeds"].map(lambda v: f"{v:.1f}")).drop(columns="mc_se")
+        lines += ["", f"Realised two-sided error at each threshold, simulated ({int(alpha.attrs.get('simulated', 20_000)):,} "
+                  "levels on the threshold each, the study's own rule and planner, the A/A level's spreads and seeds; "
+                  f"designed for {100 * design.alpha:g}%):", "", markdown_table(shown)]
+    return [*lines, ""]
+
+
 def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance,
-              floor: pd.DataFrame | None = None) -> str:
+              floor: pd.DataFrame | None = None, design: Design = DEFAULT_DESIGN,
+              alpha: pd.DataFrame | None = None) -> str:
     shown = levels.assign(
         level=levels["level"].map(str),
         mismatch_kl=levels["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         acc_delta=[_pm(100 * m, 100 * h, "{:+.1f}") for m, h in zip(levels["acc_delta"], levels["acc_delta_hw"])],
         kl_ratio=[_pm(m, h, "{:.3f}") for m, h in zip(levels["kl_ratio"], levels["kl_ratio_hw"])],
-    ).drop(columns=["acc_delta_hw", "kl_ratio_hw"]).rename(columns={"acc_delta": "Δ accuracy (pts)"})
+        sd=[("pooled" if str(a).startswith("pooled") or str(k).startswith("pooled") else "own")
+            for a, k in zip(levels.get("acc_delta_basis", [""] * len(levels)), levels.get("kl_ratio_basis", [""] * len(levels)))],
+    )
+    kept = ["pair", "source", "settings", "level", "seeds", "look", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta",
+            "kl_ratio", "sd", "verdict", "marginal", "same_as", "accuracy_metric"]
+    shown = shown[[c for c in kept if c in shown]].rename(columns={"acc_delta": "Δ accuracy (pts)"})
     return "\n".join([
         "# Tolerance of OPD to rollout mismatch", "",
         f"Each run is compared with its clean twin (same configuration and seed, clean rollouts). A level is "
-        f"*tolerated* when the 95% intervals over seeds of both Δ final held-out accuracy (≥ −{100 * tolerance.acc_tol:g} "
+        f"*tolerated* when the design's intervals over seeds of both Δ final held-out accuracy (≥ −{100 * tolerance.acc_tol:g} "
         f"points) and the final held-out KL ratio (≤ {1 + tolerance.kl_tol:g}) lie within the thresholds, *not tolerated* "
-        "when either lies wholly beyond, *uncertain* otherwise (one seed: no interval, always uncertain). "
+        "when either lies wholly beyond, *uncertain* otherwise (before the first look: no interval, always uncertain). "
         "`mismatch_kl`: mean over the run's steps of KL(rollout ‖ student) on the rollout tokens (nats).", "",
         "## Tolerance per pair × source", "", markdown_table(summary), "",
+        *_design_markdown(levels, alpha if alpha is not None else pd.DataFrame(), design),
         *_floor_markdown(floor if floor is not None else pd.DataFrame()),
-        "## Every level (mean over seeds ± 95% interval)", "", markdown_table(shown), ""])
+        "## Every level (mean over seeds ± the design's interval)", "", markdown_table(shown), ""])
 
 
 def _pm(mean: float, half: float, pattern: str) -> str:
@@ -328,7 +395,9 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: To
     floor = noise_floor(runs, levels)
     written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv",
                out_dir / "noise_floor.csv"]
-    written[0].write_text(_markdown(summary, levels, tolerance=tolerance, floor=floor))
+    alpha = realised_alpha(levels, runs, tolerance=tolerance, design=analysis.design)
+    written[0].write_text(_markdown(summary, levels, tolerance=tolerance, floor=floor, design=analysis.design,
+                                    alpha=alpha))
     summary.to_csv(written[1], index=False)
     levels.to_csv(written[2], index=False)
     floor.to_csv(written[3], index=False)

@@ -1,31 +1,27 @@
-"""Adaptive seeds: more seeds, in rounds, for the levels whose interval still straddles a threshold.
+"""More seeds, in rounds, for the levels still undecided — from one pre-registered look to the next.
 
-After a study's planned OPD runs, every level (pair × source × settings × level, pooled over seeds by
-`mismatch.opd.tolerance.level_table`) that is `uncertain` and has fewer than `max_seeds` seeds gets
-more seeds, each with its clean twin; the rounds go on until every level is decided or has
-`max_seeds`. A round follows from the results on disk alone (`rounds`): the planned runs' levels are
+After a study's planned OPD runs, every level (pair × source × settings × level, pooled over seeds and
+judged by `mismatch.opd.tolerance.judge_level`) that is `uncertain` gets the seeds of the sequential
+design's next look (`mismatch.sequential.Design.looks`: 3 → 6 → 10 → 16), each with its clean twin;
+the rounds go on until every level is decided or has reached the last look within `max_seeds` (a cap
+between two looks stops at the one below it: a look the design has not planned would spend α it
+has not got). A round follows from the results on disk alone (`rounds`): the planned runs' levels are
 judged, the next seeds of each undecided level are chosen, and when those runs are all on disk the
-next round is judged with them — so the rounds are deterministic, resumable and can be shown
-before they run (`mismatch sweep --decide --dry-run`).
+next round is judged with them — so the rounds are deterministic, resumable and can be shown before
+they run (`mismatch sweep --decide --dry-run`).
 
-How many seeds a round gives a level (`next_seed_count`): enough, by the level's own spread, for the
-95% half-width to fall below the distance of the straddling mean from its threshold — at least two
-more, at most twice the seeds so far (an sd from three seeds is itself uncertain), never beyond
-`max_seeds`; a level with one seed (no spread yet) goes to three. New seeds are the smallest seed
-numbers the level has on disk; a seed planned before whose run failed is neither retried nor replaced
-(a failure is the configuration's, not the seed's), so the rounds always end.
-
-Looking again after each round is a sequential test: with R looks at 95% the chance that a level at
-its threshold is called wrongly grows with R (Bonferroni: at most R × 5%). The study's rounds are
-few (3 → 6 → 10 seeds at `max_seeds` 10); the report counts each level's seeds, so a reader sees
-which levels were decided late. A level still uncertain at `max_seeds` is reported as undecided at
-that many seeds, with its interval and its distance from the threshold.
+The seed count of a round never depends on the data beyond "decided or not" (`next_seeds`): with the
+design's α-spending boundaries, a level sitting on a threshold is declared decided at most α = 5% of
+the time over all its looks (simulated with this planner and rule: `mismatch.sequential.simulate`,
+tests/sweep/test_decide.py). New seeds are the smallest seed numbers the level has not on disk; a seed
+planned before whose run failed is neither retried nor replaced (a failure is the configuration's,
+not the seed's), so the rounds always end. A level still uncertain at its last look is reported as
+undecided at that many seeds, with its interval and its distance from the threshold.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,8 +29,9 @@ import pandas as pd
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.opd.tolerance import analyse, t975
+from mismatch.opd.tolerance import analyse
 from mismatch.results import run_id
+from mismatch.sequential import DEFAULT_DESIGN, Design, next_seeds
 from mismatch.sweep.tasks import task_id  # the ledger's keys
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -50,50 +47,12 @@ class Round:
     levels: tuple[tuple[tuple, int, int], ...]
 
 
-def next_seed_count(seeds: int, spreads: Sequence[tuple[float, float]], max_seeds: int) -> int:
-    """Seeds a level should have after this round.
-
-    Args:
-        seeds: the level's seeds so far (n).
-        spreads: `(distance of the mean from the threshold, sd over seeds)` of each statistic whose
-            interval straddles its threshold (same units within a pair).
-        max_seeds: the cap.
-
-    Returns:
-        The smallest n' whose 95% half-width t(n'−1)·sd/√n' is below every distance, clipped to
-        [n + 2, 2n] (three for a level with one seed) and to `max_seeds`.
-    """
-    if seeds < 2 or not spreads:
-        return min(max_seeds, 3)
-    need = seeds
-    for distance, sd in spreads:
-        n = seeds
-        while n < 2 * seeds and not (t975(n - 1) * sd / math.sqrt(n) < distance):
-            n += 1
-        need = max(need, n)
-    return min(max_seeds, max(seeds + 2, min(need, 2 * seeds)))
-
-
-def _straddling(level: pd.Series, tolerance: Tolerance) -> list[tuple[float, float]]:
-    """`(distance, sd)` of the level's statistics whose intervals straddle their thresholds."""
-    out = []
-    n = int(level["seeds"])
-    for mean, half, limit in ((level["acc_delta"], level["acc_delta_hw"], -tolerance.acc_tol),
-                              (level["kl_ratio"], level["kl_ratio_hw"], 1 + tolerance.kl_tol)):
-        if any(isinstance(v, float) and math.isnan(v) for v in (mean, half)) or n < 2:
-            continue
-        distance = abs(float(mean) - limit)
-        if distance <= float(half):  # the interval reaches the threshold: this statistic is undecided
-            out.append((distance, float(half) * math.sqrt(n) / t975(n - 1)))
-    return out
-
-
 def _ids(configs: Sequence[OPDConfig]) -> dict[str, OPDConfig]:
     return {run_id("opd", run_columns(c)): c for c in configs}
 
 
 def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: int | Callable[[OPDConfig], int],
-               tolerance: Tolerance = DEFAULT_TOLERANCE) -> Round:
+               tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN) -> Round:
     """The round after `configs` (the runs planned so far), judged on their rows among `rows`.
     `max_seeds`: the cap, or the cap of a level's run (`Plan.max_seeds`: a block's own).
 
@@ -105,7 +64,7 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
     mine = rows[(rows["kind"] == "opd") & rows["run_id"].isin(list(ids))]
     if mine.empty:
         return Round((), ())
-    analysis = analyse(mine, tolerance)
+    analysis = analyse(mine, tolerance, design)
     runs, levels = analysis.runs, analysis.levels
     planned: dict[tuple, list[OPDConfig]] = {}  # level → its planned (non-clean) configs, every seed
     key_of = {r["run_id"]: tuple(r[k] for k in LEVEL_KEY) for r in runs.to_dict("records")}
@@ -123,10 +82,10 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
         cap = min(max_seeds(c) for c in configs_of) if callable(max_seeds) else max_seeds
         if len(seeds_planned) >= cap:
             continue
-        target = next_seed_count(int(level["seeds"]), _straddling(pd.Series(level), tolerance), cap)
-        extra = target - len(seeds_planned)
-        if extra <= 0:
+        target = next_seeds(len(seeds_planned), level["verdict"], cap, design)
+        if target is None:
             continue
+        extra = target - len(seeds_planned)
         new_seeds, candidate = [], 0
         while len(new_seeds) < extra:
             if candidate not in seeds_planned:
@@ -146,8 +105,8 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
 
 
 def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, dict], *,
-           max_seeds: int | Callable[[OPDConfig], int],
-           tolerance: Tolerance = DEFAULT_TOLERANCE) -> tuple[tuple[OPDConfig, ...], list[Round]]:
+           max_seeds: int | Callable[[OPDConfig], int], tolerance: Tolerance = DEFAULT_TOLERANCE,
+           design: Design = DEFAULT_DESIGN) -> tuple[tuple[OPDConfig, ...], list[Round]]:
     """Replay the rounds on disk after the planned `configs`: while every run so far has ended (done or
     failed in the sweep's `ledger`, `mismatch.sweep.tasks.read_ledger`), the next round is judged on
     `rows` and taken; the first round with a run still to do is the one to run.
@@ -163,7 +122,7 @@ def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, d
     everything = list(configs)
     found: list[Round] = []
     while ended(everything):
-        step = next_round(everything, rows, max_seeds=max_seeds, tolerance=tolerance)
+        step = next_round(everything, rows, max_seeds=max_seeds, tolerance=tolerance, design=design)
         if not step.runs:
             break
         found.append(step)

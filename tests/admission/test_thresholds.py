@@ -60,7 +60,7 @@ def test_fit_limit_at_its_edges():
 # first-step mismatch_kl of each level, and whether its runs keep up with clean (Δ accuracy in points)
 STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -0.5), "noise:1.0": (1.3, -12.0)},
          "reverse-qwen3": {"fp8-e4m3": (0.004, 0.3), "int4:group128": (0.15, -0.5), "noise:3.0": (2.0, -20.0)},
-         # int8 here: mean −1.8 points is within −2, but its interval (2 seeds, ±1.3) straddles −2: undecided
+         # int8 here: mean −1.8 points is within −2, but its interval (3 seeds, ±1.0) straddles −2: undecided
          "copy-x": {"int4:group128": (0.8, -9.0), "fp8-e4m3": (0.01, 0.0), "int8:channel": (0.5, -1.9)}}
 
 
@@ -77,11 +77,11 @@ def study():
     frames = []
     for pair, levels in STUDY.items():
         base = OPDConfig(pair=pair, steps=2, batch_size=4)
-        for seed in range(2):
+        for seed in range(3):  # the design's first look; the offsets average to +0.1 points and ×1.05
             frames.append(_run(dataclasses.replace(base, seed=seed), 0.5, 0.0))
             for rollout, (kl, delta) in levels.items():
                 frames.append(_run(dataclasses.replace(base, rollout=rollout, seed=seed),
-                                   0.5 + (delta + 0.2 * seed) / 100, kl * (1 + 0.1 * seed)))
+                                   0.5 + (delta + 0.2 * seed - 0.1) / 100, kl * (1 + 0.1 * seed - 0.05)))
             frames.append(_run(dataclasses.replace(base, rollout="stale:2", seed=seed), 0.40, 0.0))
     return pd.concat(frames, ignore_index=True)
 
@@ -89,7 +89,7 @@ def study():
 def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_out(study, tmp_path):
     t = thresholds_from_rows(study, sources=["hand-made"])
     points = pd.DataFrame(t.points).set_index(["pair", "level"])
-    assert points.loc[("sort-gpt2", "int4:group128"), "mismatch_kl"] == pytest.approx(0.03 * 1.05)  # mean of 2 seeds
+    assert points.loc[("sort-gpt2", "int4:group128"), "mismatch_kl"] == pytest.approx(0.03 * 1.05)  # mean of 3 seeds
     assert points.loc[("sort-gpt2", "int4:group128"), "run_mismatch_kl"] == pytest.approx(0.03 * 1.05 * 3)
     assert not points.loc[("copy-x", "int4:group128"), "tolerated"] and points.loc[("copy-x", "fp8-e4m3:channel"),
                                                                                    "tolerated"]

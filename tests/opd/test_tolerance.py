@@ -21,8 +21,8 @@ STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": 
 BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4)
 
 
-def _t975_by_bisection(df: int) -> float:
-    """The 0.975 quantile of Student's t by bisection on its CDF, integrated numerically (Simpson)."""
+def _t975_by_bisection(df: int, q: float = 0.975) -> float:
+    """The `q` quantile (q > ½) of Student's t by bisection on its CDF, integrated numerically (Simpson)."""
     c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
     pdf = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)  # noqa: E731
 
@@ -34,8 +34,17 @@ def _t975_by_bisection(df: int) -> float:
     lo, hi = 0.0, 20.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < 0.975 else (lo, mid)
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
     return (lo + hi) / 2
+
+
+def _first_look_half(values: list[float]) -> float:
+    """The design's half-width at its first look (3 seeds of 16, Pocock-type α-spending, α 0.05) with the
+    level's own sd, independently: the first look's z boundary has a closed form, Φ⁻¹(1 − α(3/16)/2) with
+    α(t) = 0.05·ln(1 + (e − 1)t), and its t value is the same tail of Student's t (bisection here)."""
+    spent = 0.05 * math.log(1 + (math.e - 1) * 3 / 16)
+    n = len(values)
+    return _t975_by_bisection(n - 1, 1 - spent / 2) * statistics.stdev(values) / math.sqrt(n)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
@@ -69,7 +78,7 @@ def _run(config: OPDConfig, acc: float, kl: float, mismatch: float = 0.01) -> pd
 # Δ accuracy per seed (points) of each stale:K and format, and KL ratio; the clean runs end at 40% / KL 1.0
 DELTAS = {"stale:1": ([-0.8, -0.5, -0.2], 1.02), "stale:2": ([-1.0, -3.0, -2.0], 1.03),
           "stale:4": ([-6.0, -5.0, -7.0], 1.20), "stale:8": ([-1.0, -1.2, -0.8], 1.01),
-          "int4:group128": ([0.5, -0.5, 0.0], 1.0), "fp8-e4m3": ([-0.2, 0.1, 0.0], 1.0),
+          "int4:group128": ([0.3, -0.3, 0.0], 1.0), "fp8-e4m3": ([-0.2, 0.1, 0.0], 1.0),
           "noise:0.5": ([-30.0], 2.0)}
 
 
@@ -87,15 +96,18 @@ def rows():
 def test_levels_pool_seeds_and_judge_with_intervals(rows):
     levels = level_table(run_table(rows)).set_index(["settings", "level"])
     cell = levels.loc[("lr 0.001", 2)]
-    mean, half = t_interval([d / 100 for d in DELTAS["stale:2"][0]])
-    assert cell["seeds"] == 3 and cell["acc_delta"] == pytest.approx(mean) and cell["acc_delta_hw"] == pytest.approx(half)
-    assert cell["verdict"] == "uncertain"  # −2.0 ± 2.5 straddles −2
-    assert levels.loc[("lr 0.001", 1), "verdict"] == "tolerated"  # −0.5 ± 0.75 lies above −2, KL 1.02
-    assert levels.loc[("lr 0.001", 4), "verdict"] == "not tolerated"  # −6 ± 2.5 wholly below
+    values = [d / 100 for d in DELTAS["stale:2"][0]]
+    assert cell["seeds"] == 3 and cell["look"] == 1 and cell["acc_delta"] == pytest.approx(statistics.fmean(values))
+    assert cell["acc_delta_hw"] == pytest.approx(_first_look_half(values), rel=1e-4)  # own sd: no A/A level here
+    assert cell["acc_delta_basis"] == "own" and cell["acc_delta_df"] == 2
+    assert cell["verdict"] == "uncertain"  # −2.0 ± 4.8 straddles −2
+    assert levels.loc[("lr 0.001", 1), "verdict"] == "tolerated"  # −0.5 ± 1.45 lies above −2, KL 1.02
+    assert levels.loc[("lr 0.001", 4), "verdict"] == "not tolerated"  # KL 1.20 on every seed: wholly above 1.1
     assert levels.loc[("lr 0.001", 0.5), "verdict"] == "uncertain"  # one seed: no interval, not called either way
     assert levels.loc[("lr 0.003", 1), "verdict"] == "uncertain"
     assert levels.loc[("lr 0.001", 1), "mismatch_kl"] == pytest.approx(0.005)
-    assert cell["acc_margin"] == pytest.approx(mean + 0.02) and cell["kl_margin"] == pytest.approx(1.10 - 1.03)
+    assert cell["acc_margin"] == pytest.approx(statistics.fmean(values) + 0.02)
+    assert cell["kl_margin"] == pytest.approx(1.10 - 1.03)
 
 
 def test_tolerance_table_reads_the_ladder(rows):
@@ -114,6 +126,9 @@ def test_the_report_writes_tables_and_figures(rows, tmp_path):
                      "tolerance_vs_mismatch.png", "seed_curves.png"]
     md = (tmp_path / "tolerance.md").read_text()
     assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 (undecided at 3 seeds) |" in md
+    assert "## The design and its error" in md and "looks at 3, 6, 10, 16 seeds" in md
+    judged = int((level_table(run_table(rows))["source"] != "A/A").sum())
+    assert f"{judged} levels judged" in md and f"≈ {0.05 * judged:.1f} wrong verdicts" in md
     assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8
 
 
@@ -186,8 +201,9 @@ def test_the_kl_ratio_alone_decides_when_accuracy_keeps_up():
     assert levels.loc["int8:channel", "verdict"] == "not tolerated"
     assert levels.loc["int4:group128", "verdict"] == "uncertain"
     assert levels.loc["fp8-e4m3:channel", "verdict"] == "tolerated"
-    mean, half = t_interval(ratios["int4:group128"])
-    assert (levels.loc["int4:group128", "kl_ratio"], levels.loc["int4:group128", "kl_ratio_hw"]) == pytest.approx((mean, half))
+    got = levels.loc["int4:group128", ["kl_ratio", "kl_ratio_hw"]].tolist()
+    assert got == pytest.approx([statistics.fmean(ratios["int4:group128"]), _first_look_half(ratios["int4:group128"])],
+                                rel=1e-4)
 
 
 def test_t_interval_switches_to_the_normal_beyond_30_degrees_of_freedom():
@@ -212,8 +228,8 @@ def test_the_noise_floor_is_the_clean_spread_and_the_aa_level():
     assert floor["clean_heldout_rkl_sd"] == pytest.approx(statistics.stdev([1.0, 1.01, 1.02, 1.03]))
     assert floor["aa_acc_delta"] == pytest.approx(100 * statistics.fmean(aa_delta))
     assert floor["aa_acc_delta_sd"] == pytest.approx(100 * statistics.stdev(aa_delta))
-    assert floor["aa_acc_delta_hw"] == pytest.approx(100 * 3.182 * statistics.stdev(aa_delta) / 2)  # t(0.975, 3), √4
-    # −0.4 ± 2.3 points straddles −2: at this spread four seeds cannot resolve a 2-point threshold even for A/A
+    assert floor["aa_acc_delta_hw"] == pytest.approx(100 * _first_look_half(aa_delta), rel=1e-4)  # the design's, look 1
+    # −0.4 ± 3.6 points straddles −2: at this spread four seeds cannot resolve a 2-point threshold even for A/A
     assert floor["aa_kl_ratio"] == pytest.approx(1.0) and floor["aa_verdict"] == "uncertain"
 
 
@@ -230,3 +246,27 @@ def test_a_level_keeps_its_own_value_beside_an_equal_one_of_another_source():
     frames += [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.39, 1.0) for s in range(2) for r in ("noise:1.0", "stale:1")]
     levels = level_table(run_table(pd.concat(frames, ignore_index=True))).set_index("source")
     assert repr(levels.loc["stale", "level"]) == "1" and repr(levels.loc["noise", "level"]) == "1.0"
+
+
+def test_identical_levels_are_reported_once_and_marginal_ones_are_marked():
+    """Two format specs whose runs are the same bit for bit (the same rollout weights) are one level,
+    listed under the first with `same_as`; a level whose KL interval clears 1.1 by less than the
+    evaluation's Monte-Carlo error (its runs' heldout_rkl_se) is marked marginal, one far from it is not."""
+    def run(config, acc, kl, kl_se):
+        frame = _run(config, acc, kl)
+        extra = pd.DataFrame([{"step": 2, "metric": "heldout_rkl_se", "value": kl_se}]).assign(level="step")
+        return pd.concat([frame, tidy(extra, kind="opd", config=dataclasses.asdict(config), stamp=STAMP)])
+
+    frames = []
+    for s in range(3):
+        frames.append(run(dataclasses.replace(BASE, seed=s), 0.40, 1.0, 0.001))
+        for rollout in ("int4:channel", "int4:group128"):  # identical rows
+            frames.append(run(dataclasses.replace(BASE, rollout=rollout, seed=s), 0.40, 1.0 + 0.001 * s, 0.001))
+        # KL ratio 1.040–1.050: its interval ends ~0.03 below 1.1; a Monte-Carlo error of 0.2 nats per run dwarfs that
+        frames.append(run(dataclasses.replace(BASE, rollout="int8:channel", seed=s), 0.40, 1.04 + 0.005 * s, 0.2))
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True))).set_index("level")
+    assert list(levels.index) == ["int4:channel", "int8:channel"]  # int4:group128 folded into its twin
+    assert levels.loc["int4:channel", "same_as"] == "int4:group128" and levels.loc["int8:channel", "same_as"] == ""
+    int8 = levels.loc["int8:channel"]
+    assert int8["verdict"] == "tolerated" and 0 < 1.1 - (int8["kl_ratio"] + int8["kl_ratio_hw"]) < int8["kl_ratio_mc_se"]
+    assert int8["marginal"] and not levels.loc["int4:channel", "marginal"]

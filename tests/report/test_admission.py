@@ -1,5 +1,7 @@
 """The admission validation report, written from a hand-made study's results alone."""
 
+import re
+
 import pandas as pd
 
 from mismatch.report import write_reports
@@ -10,7 +12,9 @@ def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(st
     written = write_reports(study, tmp_path, sources=["hand-made"])
     assert tmp_path / "admission.md" in written
     text = (tmp_path / "admission.md").read_text()
-    assert "Fitted on hand-made" in text and "| mismatch_kl (default gate) | 0.364 | [0.158, 0.84] | ×5.3 |" in text
+    # the bracket's lower end is 0.15 × 1.05 = 0.1575 (a mean over seeds: either side of it in the last bit)
+    assert "Fitted on hand-made" in text
+    assert re.search(r"\| mismatch_kl \(default gate\) \| 0\.364 \| \[0\.15[78], 0\.84\] \| ×5\.3 \|", text)
     validation = pd.read_csv(tmp_path / "admission_validation.csv")
     primary = validation[validation["statistic"] == "mismatch_kl"]
     right = int((primary["admit_tolerated"] + primary["reject_not"]).sum())

@@ -12,8 +12,8 @@ from mismatch.report.engines import dynamic_table, static_table, twin_of, write_
 from mismatch.results import tidy
 from mismatch.opd.tolerance import level_table, run_table
 from tests.admission.test_thresholds import STAMP, _run
+from tests.opd.test_tolerance import _first_look_half
 
-T_975_2DF = 4.302652729911275  # two-sided 95% Student t, 2 degrees of freedom
 ACC = {"none": [0.50, 0.52, 0.48], "engine:llama.cpp,f16": [0.49, 0.52, 0.47], "dtype:fp16": [0.50, 0.51, 0.49],
        "engine:llama.cpp,f32": [0.30, 0.31, 0.30], "engine:llama.cpp,q8_0": [0.50, 0.52, 0.48]}
 
@@ -44,7 +44,7 @@ def test_the_dynamic_rows_pair_each_engine_level_with_its_twin():
     assert set(table.index) == {"engine:llama.cpp,f16", "engine:llama.cpp,f32", "engine:llama.cpp,q8_0"}
     assert table.loc["engine:llama.cpp,q8_0", "twin verdict"] == "not run"  # its twin int8:group32 is not in the study
     deltas = [a - c for a, c in zip(ACC["engine:llama.cpp,f16"], ACC["none"])]
-    half = T_975_2DF * statistics.stdev(deltas) / math.sqrt(3)
+    half = _first_look_half(deltas)  # the design's first look, the level's own sd (no A/A level here)
     f16 = table.loc["engine:llama.cpp,f16"]
     assert f16["Δ accuracy (pts)"] == f"{100 * statistics.mean(deltas):+.1f} ± {100 * half:.1f}"
     twin = [a - c for a, c in zip(ACC["dtype:fp16"], ACC["none"])]

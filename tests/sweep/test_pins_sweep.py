@@ -1,11 +1,9 @@
 """Pins on the sweep's bookkeeping that a mutation audit found unguarded: a probe task's id follows its
 prompt file's content (so `--resume` reruns changed prompts), and the adaptive-seed rounds grow exactly the
-undecided levels, by exactly the documented counts, for exactly as many rounds as the cap allows."""
+undecided levels, to exactly the design's next look, for exactly as many rounds as the cap allows."""
 
 import dataclasses
-import functools
 import hashlib
-import math
 import statistics
 
 import pandas as pd
@@ -17,31 +15,9 @@ from mismatch.results import tidy
 from mismatch.sweep import task_id
 from mismatch.sweep.decide import next_round, rounds
 from mismatch.sweep.tasks import execute, pending_tasks
+from mismatch.sequential import DEFAULT_DESIGN
 from mismatch.verdict import DEFAULT_TOLERANCE
 from tests.opd.test_tolerance import STAMP
-
-
-@functools.cache
-def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom, by bisection on the closed form of
-    A(t | ν) = P(|T| ≤ t) (Abramowitz & Stegun 26.7.3–4, θ = atan(t/√ν)) — not the code's table."""
-    def central(t: float) -> float:
-        theta = math.atan(t / math.sqrt(df))
-        c, term, total = math.cos(theta) ** 2, 1.0, 1.0
-        for k in range(1, (df - 1) // 2 if df % 2 else df // 2):  # the series' terms after the first
-            term *= c * ((2 * k - 1) / (2 * k) if df % 2 == 0 else (2 * k) / (2 * k + 1))
-            total += term
-        if df % 2 == 0:
-            return math.sin(theta) * total
-        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
-
-    lo, hi = 0.0, 100.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if central(mid) < 0.95 else (lo, mid)
-    return (lo + hi) / 2
-
-# ---------------------------------------------------------------- 2. the prompt file's content in the task id
 
 
 def test_changed_prompts_under_the_same_file_name_are_a_new_task_that_resume_runs(tmp_path):
@@ -85,44 +61,38 @@ def _run(config: OPDConfig, acc: float, kl: float) -> pd.DataFrame:
 # per level, per seed: (Δ accuracy in points, KL ratio); the clean twins end at 40% and KL 1.0
 PLANNED = {
     "fp8-e4m3": [(0.1, 1.0), (-0.2, 1.0), (0.0, 1.0)],  # both intervals within: tolerated
-    "stale:1": [(-0.5, 1.0), (-2.5, 1.0), (-1.0, 1.0)],  # Δ straddles −2, far from resolved: doubles
-    "stale:2": [(0.8, 1.0), (-0.2, 1.0), (-1.2, 1.0)],  # Δ straddles, one more seed would resolve: n + 2
+    "stale:1": [(-0.5, 1.0), (-2.5, 1.0), (-1.0, 1.0)],  # Δ straddles −2
+    "stale:2": [(0.8, 1.0), (-0.2, 1.0), (-1.2, 1.0)],  # Δ straddles too: the same next look, whatever its distance
     "stale:4": [(-8.0, 1.0), (-7.0, 1.3), (-9.0, 1.05)],  # Δ wholly beyond (not tolerated); its KL straddles
-    "stale:8": [(-7.0, 1.0)],  # one seed: no interval yet
+    "stale:8": [(-7.0, 1.0)],  # one seed: before the first look
 }
-ROUND_1 = {"stale:1": [(-3.0, 1.0), (0.5, 1.0), (-2.0, 1.0)], "stale:2": [(-0.3, 1.0), (-0.1, 1.0)],
+ROUND_1 = {"stale:1": [(-3.0, 1.0), (0.5, 1.0), (-2.0, 1.0)], "stale:2": [(-0.3, 1.0), (-0.1, 1.0), (-0.2, 1.0)],
            "stale:8": [(-8.0, 1.0), (-7.5, 1.0)]}
 ROUND_2 = {"stale:1": [(-1.5, 1.0), (-2.2, 1.0), (-0.9, 1.0), (-1.8, 1.0)]}
+LOOKS = (3, 6, 10, 16)  # the design's looks (docs/sweeps.md); CAP 10 stops at the third
 
 
 def _interval(values: list[float]) -> tuple[float, float]:
-    """Mean and 95% Student-t half-width t(n−1)·sd/√n, t by bisection on its CDF (not the code's table)."""
+    """Mean and the design's half-width at the look n seeds reach, with the level's own sd (no A/A level
+    in these data): `Design.critical`, checked against an independent computation in tests/test_sequential.py."""
     n = len(values)
-    return statistics.fmean(values), t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return statistics.fmean(values), DEFAULT_DESIGN.half_width(statistics.stdev(values), n, n - 1)
 
 
-def _undecided(per_seed: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """`(distance, sd)` of each statistic whose interval reaches its threshold, [] when the level is decided
-    (both within, or either wholly beyond); a one-seed level is undecided with no spread: [(nan, nan)]."""
-    if len(per_seed) < 2:
-        return [(math.nan, math.nan)]
+def _undecided(per_seed: list[tuple[float, float]]) -> bool:
+    """Whether the level is undecided: not both intervals within, and neither wholly beyond (one seed:
+    no interval, undecided)."""
+    if len(per_seed) < 3:
+        return True
     acc, kl = _interval([d / 100 for d, _ in per_seed]), _interval([k for _, k in per_seed])
     beyond = acc[0] + acc[1] < ACC_LIMIT or kl[0] - kl[1] > KL_LIMIT
-    straddling = [(abs(m - limit), statistics.stdev(v)) for (m, hw), limit, v in
-                  ((acc, ACC_LIMIT, [d / 100 for d, _ in per_seed]), (kl, KL_LIMIT, [k for _, k in per_seed]))
-                  if abs(m - limit) <= hw]
-    return [] if beyond else straddling
+    within = acc[0] - acc[1] >= ACC_LIMIT and kl[0] + kl[1] <= KL_LIMIT
+    return not (beyond or within)
 
 
-def _target(per_seed: list[tuple[float, float]], cap: int = CAP) -> int:
-    """The seeds after the round, by the module's rule (decide.py docstring): the smallest n' whose t
-    half-width is below every distance, within [n + 2, 2n] and the cap; three after one seed."""
-    n, spreads = len(per_seed), _undecided(per_seed)
-    if n < 2:
-        return 3
-    need = max(next((m for m in range(n, 2 * n) if t975(m - 1) * sd / math.sqrt(m) < distance), 2 * n)
-               for distance, sd in spreads)
-    return min(cap, max(n + 2, min(need, 2 * n)))
+def _target(per_seed: list[tuple[float, float]], cap: int = CAP) -> int | None:
+    """The seeds after the round, by the module's rule (decide.py docstring): the next look, if within the cap."""
+    return next((n for n in LOOKS if n > len(per_seed) and n <= cap), None)
 
 
 def _dataset(levels: dict[str, list[tuple[float, float]]]) -> tuple[list[OPDConfig], pd.DataFrame]:
@@ -150,14 +120,14 @@ def _merged(*stages: dict) -> dict[str, list[tuple[float, float]]]:
 
 
 def test_a_round_grows_exactly_the_undecided_levels_by_the_documented_count():
-    """Round 1 after the plan: the levels whose intervals (computed here) reach a threshold get seeds —
-    stale:1 3 → 6, stale:2 3 → 5, stale:8 1 → 3 — and neither the tolerated fp8 level nor stale:4, not
-    tolerated on accuracy though its KL interval straddles, gets any; each new seed comes with its clean
-    twin unless that twin is planned already."""
+    """Round 1 after the plan: the levels whose intervals (computed here) reach a threshold get the next
+    look's seeds — stale:1 and stale:2 3 → 6 (however far each is from resolving), stale:8 1 → 3 — and
+    neither the tolerated fp8 level nor stale:4, not tolerated on accuracy though its KL interval
+    straddles, gets any; each new seed comes with its clean twin unless that twin is planned already."""
     grows = {r: _target(v) for r, v in PLANNED.items() if _undecided(v)}
-    assert grows == {"stale:1": 6, "stale:2": 5, "stale:8": 3}  # the premise, from the intervals alone
-    assert _undecided(PLANNED["stale:4"]) == [] and _interval([k for _, k in PLANNED["stale:4"]])[1] > abs(
-        statistics.fmean(k for _, k in PLANNED["stale:4"]) - KL_LIMIT)  # decided, though its KL straddles
+    assert grows == {"stale:1": 6, "stale:2": 6, "stale:8": 3}  # the premise, from the intervals alone
+    kl4 = _interval([k for _, k in PLANNED["stale:4"]])
+    assert not _undecided(PLANNED["stale:4"]) and kl4[1] > abs(kl4[0] - KL_LIMIT)  # decided, though its KL straddles
     configs, rows = _dataset(PLANNED)
     step = next_round(configs, rows, max_seeds=CAP)
     assert sorted(step.levels) == sorted((_key(r), len(PLANNED[r]), n) for r, n in grows.items())
@@ -168,8 +138,8 @@ def test_a_round_grows_exactly_the_undecided_levels_by_the_documented_count():
 
 def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     """Replayed from disk: round 1's runs ended leave stale:1 undecided at six seeds, so round 2 takes it to
-    the cap (6 → min(2·6, need) → 10) and nothing else; round 2's runs ended, no round 3 (at the cap). With a
-    cap of 7, round 2 is the one seed left below it (6 → 7)."""
+    the next look within the cap (6 → 10) and nothing else; round 2's runs ended, no round 3 (at the cap).
+    With a cap of 7 there is no round 2: the next look (10) is past it."""
     configs, rows = _dataset(PLANNED)
     after_1 = _merged(PLANNED, ROUND_1)
     assert {r for r, v in after_1.items() if _undecided(v)} == {"stale:1"} and _target(after_1["stale:1"]) == CAP
@@ -182,12 +152,11 @@ def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     assert set(found[1].runs) == {dataclasses.replace(BASE, rollout=r, seed=s) for s in range(6, CAP)
                                   for r in ("none", "stale:1")}
     after_2 = _merged(after_1, ROUND_2)
-    assert _undecided(after_2["stale:1"]) != []  # still undecided at the cap: reported so, no more seeds
+    assert _undecided(after_2["stale:1"])  # still undecided at the cap: reported so, no more seeds
     _, rows_2 = _dataset(after_2)
     ledger |= {task_id(c): {"status": "done"} for c in found[1].runs}
     final, found_2 = rounds(configs, rows_2, ledger, max_seeds=CAP)
     assert [r.levels for r in found_2] == [r.levels for r in found] and set(final) == set(everything)
-    assert _target(after_1["stale:1"], cap=7) == 7
+    assert _target(after_1["stale:1"], cap=7) is None
     _, found_7 = rounds(configs, rows_1, ledger, max_seeds=7)
-    assert found_7[1].levels == ((_key("stale:1"), 6, 7),)
-    assert set(found_7[1].runs) == {dataclasses.replace(BASE, rollout=r, seed=6) for r in ("none", "stale:1")}
+    assert len(found_7) == 1 and found_7[0].runs == round_1
