@@ -100,16 +100,13 @@ def _short(value: object) -> str:
     return str(value)
 
 
-STATISTICS = ("acc_delta", "kl_ratio")  # the two a level is judged by, each against its threshold
-
-
 def judge_level(acc: np.ndarray | list[float], kl: np.ndarray | list[float], acc_reference=None, kl_reference=None, *,
                 tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN) -> dict[str, object]:
     """The rule that judges one level from its per-seed values: the study's analysis (`level_table`) and
     the simulation of its error (`mismatch.sequential.simulate`, tested) both call it.
 
-    Each statistic (Δ accuracy, KL ratio) gets its mean, an sd (`pooled_sd`: its own, pooled with the
-    A/A level's values `*_reference` when an F-test allows), and the repeated confidence interval of the
+    Each statistic (Δ accuracy, KL ratio) gets its mean, an sd (`pooled_sd`: the A/A level's values
+    `*_reference` as a floor under its own), and the repeated confidence interval of the
     design at the look its seed count has reached (`Design.half_width`); the verdict is the one interval
     rule (`Tolerance.judge`) on those intervals.
 

@@ -295,6 +295,8 @@ def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Toler
     planner at the spreads the A/A level measured (sds of Δ accuracy and KL ratio over its seeds, their
     correlation), a reference of as many seeds, up to the design's last look."""
     out = []
+    judge = lambda a, k, ra, rk: judge_level(a, k, ra, rk, tolerance=tolerance, design=design)["verdict"]  # noqa: E731
+    plan = lambda n, v, cap: next_seeds(n, v, cap, design)  # noqa: E731
     twins = runs[(runs["source"] == NOISE_FLOOR_SOURCE) & runs["complete"] & (runs["baseline"] != "")]
     for (pair, settings), group in twins.groupby(["pair", "settings"], sort=True):
         per_seed = group.groupby("seed")[["acc_delta", "kl_ratio"]].mean()
@@ -304,8 +306,6 @@ def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Toler
         acc_sd = float(per_seed["acc_delta"].std(ddof=1)) if has_acc else 0.0
         kl_sd = float(per_seed["kl_ratio"].std(ddof=1))
         corr = float(per_seed["acc_delta"].corr(per_seed["kl_ratio"])) if has_acc and acc_sd > 0 and kl_sd > 0 else 0.0
-        judge = lambda a, k, ra, rk: judge_level(a, k, ra, rk, tolerance=tolerance, design=design)["verdict"]  # noqa: E731
-        plan = lambda n, v, cap: next_seeds(n, v, cap, design)  # noqa: E731
         cases = [("KL ratio", 0.0 if has_acc else math.nan, 1 + tolerance.kl_tol)]
         if has_acc and acc_sd > 0:
             cases.insert(0, ("Δ accuracy", -tolerance.acc_tol, 1.0))
@@ -314,7 +314,8 @@ def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Toler
                            corr=corr if math.isfinite(corr) else 0.0, reference_seeds=len(per_seed),
                            cap=design.looks[-1], levels=simulated, seed=0)
             out.append({"pair": pair, "settings": settings, "threshold": threshold, "aa_seeds": len(per_seed),
-                        "realised_alpha": sim.decided, "mc_se": sim.decided_se, "mean_seeds": sim.mean_seeds})
+                        "simulated": sim.levels, "realised_alpha": sim.decided, "mc_se": sim.decided_se,
+                        "mean_seeds": sim.mean_seeds})
     return pd.DataFrame(out)
 
 
@@ -341,8 +342,8 @@ def _design_markdown(levels: pd.DataFrame, alpha: pd.DataFrame, design: Design) 
         shown = alpha.assign(realised_alpha=[f"{100 * a:.2f}% ± {100 * s:.2f}" for a, s in
                                              zip(alpha["realised_alpha"], alpha["mc_se"])],
                              mean_seeds=alpha["mean_seeds"].map(lambda v: f"{v:.1f}")).drop(columns="mc_se")
-        lines += ["", f"Realised two-sided error at each threshold, simulated ({int(alpha.attrs.get('simulated', 20_000)):,} "
-                  "levels on the threshold each, the study's own rule and planner, the A/A level's spreads and seeds; "
+        lines += ["", "Realised two-sided error at each threshold, simulated (`simulated` levels on the threshold "
+                  "each, the study's own rule and planner, the A/A level's spreads and seeds; "
                   f"designed for {100 * design.alpha:g}%):", "", markdown_table(shown)]
     return [*lines, ""]
 
