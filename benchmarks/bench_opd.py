@@ -1,6 +1,7 @@
 """Where an OPD step's time goes, and what the mismatch metrics cost, measured in one run.
 
     make bench            # or: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_opd.py [--steps N]
+                          #     (--flops-only [--pair P]: the step ÷ FLOPs rows alone)
 
 For each configuration below, runs `mismatch.opd.train` and prints the median per-step seconds of
   rollout (sampling with the rollout copy + its log-probs), teacher scoring, student update (loss
@@ -13,6 +14,8 @@ prompts per step) and `smollm2-concise` (SmolLM2-135M, clean, 8 prompts per step
 responses). Held-out evaluation is pushed past the last step so it is not timed.
 
 Then, on smollm2-concise (8 prompts of its task, 64 sampled tokens each), side by side:
+  * an OPD step's seconds ÷ the seconds its fp32 matmul FLOPs take at the rate this machine's matmul
+    reaches (`step_vs_flops`), per part: how far the step is from compute;
   * decode time per step ÷ its memory-bandwidth bound (target ≤ 3). A decode step reads every
     weight once: the bound is the weight bytes a step reads ÷ the read bandwidth measured in this
     run (sum over a 1 GiB buffer). Decode time per step = (generate 64 tokens − generate 1) / 63,
@@ -69,6 +72,9 @@ def measure(config: OPDConfig) -> dict[str, float]:
 def main() -> None:
     if "--decode-only" in sys.argv:
         return decode_and_update("--compile" in sys.argv)
+    if "--flops-only" in sys.argv:  # the step ÷ FLOPs rows alone, on smollm2-concise or --pair P
+        pair = sys.argv[sys.argv.index("--pair") + 1] if "--pair" in sys.argv else "smollm2-concise"
+        return step_vs_flops(setup(OPDConfig(pair=pair, steps=1, batch_size=8, eval_every=10 ** 6, eval_prompts=1)))
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 8
     no_eval = dict(eval_every=10 ** 6, eval_prompts=1)  # evaluation at step 0 only (1 prompt) and last
     configs = [
@@ -168,6 +174,63 @@ def decode_and_update(compiled: bool) -> None:
         print(f"  {'static cache + torch.compile (inductor)':40s} {step * 1e3:7.1f} ms/step   ÷ bound "
               f"{step / bound:5.2f}   (compile {compile_s:.0f} s)")
     update_ratio(run)
+    step_vs_flops(run)
+
+
+def matmul_flops_per_s(rows: int, d_in: int, d_out: int) -> float:
+    """fp32 FLOP/s of one `[rows, d_in] @ [d_in, d_out]` matmul on this thread count, best of 7."""
+    a, w = torch.randn(rows, d_in), torch.randn(d_in, d_out)
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        a @ w
+        best = min(best, time.perf_counter() - t0)
+    return 2 * rows * d_in * d_out / best
+
+
+def step_vs_flops(run, steps: int = 3) -> None:
+    """A SmolLM2 OPD step's time ÷ the time its fp32 matmul FLOPs take at this machine's matmul rate (the
+    rate of one `[512, D] @ [D, 4D]` product, the step's typical shape): how far the step is from compute.
+    FLOPs are counted per part from the step's own tokens: 2·N_trunk per trunk token (a shared prefix once),
+    2·V·D per head row; generation = prefill + one token per sequence per step; the update ×3 (forward and
+    backward). Attention's T²-terms are left out (≈ 3% at these lengths)."""
+    from mismatch.model.head import shared_prefix
+
+    model, teacher = run.student.model, run.pair.teacher.model
+    cfg = model.config
+    V, D = cfg.vocab_size, cfg.hidden_size
+    trunk = sum(p.numel() for n, p in model.named_parameters() if "layers." in n)  # the blocks' weights
+    teacher_trunk = sum(p.numel() for n, p in teacher.named_parameters() if "layers." in n)
+    rate = matmul_flops_per_s(512, D, 4 * D)
+
+    def trunk_tokens(ids, mask) -> int:
+        P, _ = shared_prefix(ids, mask)
+        P = P if P >= 16 else 0
+        return int(mask.sum()) - P * (len(ids) - 1)
+
+    rows = []
+    for step in range(2, 2 + steps):  # opd_step's parts, timed one by one (its metrics and refresh are ~1%)
+        prompts = run.rng.sample(run.train_pool, run.config.batch_size)
+        t0 = time.perf_counter()
+        rollout, t_batch = sample_rollouts(run, prompts, step)
+        t1 = time.perf_counter()
+        hidden_T = score_with_teacher(run, t_batch)
+        t2 = time.perf_counter()
+        update(run, rollout, hidden_T)
+        t3 = time.perf_counter()
+        batch = rollout.batch
+        mask, resp = batch.attention_mask, batch.response_mask.bool()
+        prompt_tokens = int((mask.bool() & ~resp).sum())
+        n_resp = int(resp.sum())
+        gen = 2 * trunk * (prompt_tokens + n_resp) + 2 * V * D * (n_resp + len(batch.input_ids))
+        teach = 2 * teacher_trunk * trunk_tokens(t_batch.input_ids, t_batch.attention_mask) + 2 * V * D * n_resp
+        upd = 3 * (2 * trunk * trunk_tokens(batch.input_ids, mask) + 2 * V * D * n_resp)
+        rows.append((t1 - t0, gen / rate, t2 - t1, teach / rate, t3 - t2, upd / rate, t3 - t0, (gen + teach + upd) / rate))
+    med = [statistics.median(r[i] for r in rows) for i in range(8)]
+    print(f"\nSmolLM2 OPD step vs its fp32 FLOPs ({torch.get_num_threads()} threads; matmul rate {rate / 1e9:.1f} GFLOP/s "
+          f"at [512, {D}] @ [{D}, {4 * D}]), median of {steps} steps, seconds measured ÷ FLOP time:")
+    for name, i in (("rollout (generate)", 0), ("teacher", 2), ("update", 4), ("step", 6)):
+        print(f"  {name:20s} {med[i]:7.2f} s ÷ {med[i + 1]:6.2f} s = {med[i] / med[i + 1]:5.2f}")
 
 
 def engine_vs_ours(run, model, ids, attn, pad: int, bound: float, repeats: int = 3) -> None:

@@ -148,3 +148,30 @@ def replay_prefix(layout: Layout, outputs: list[torch.Tensor], start: int, as_tu
     finally:
         for i, block in enumerate(originals):
             layout.layers[i] = block
+
+
+def drop_layers(model: nn.Module, drop: tuple[int, ...]) -> nn.Module:
+    """Remove decoder blocks `drop` from `model` in place (a student made from a teacher's own weights, as
+    layer-pruning studies make one) and return it: the block list, `config.num_hidden_layers` (and a
+    per-layer `config.layer_types`) shrink, and each kept block's `layer_idx` (its slot in the KV cache) is
+    renumbered so generation indexes the cache as a model built with that many layers does.
+
+    Raises:
+        InputError: a block index outside the model, or every block dropped.
+    """
+    layout = model_layout(model)
+    n = len(layout.layers)
+    bad = sorted(i for i in drop if not 0 <= i < n)
+    if bad or len(set(drop)) >= n:
+        raise InputError(f"cannot drop blocks {sorted(set(drop))} of a {n}-block model")
+    for i in sorted(set(drop), reverse=True):
+        del layout.layers[i]  # ModuleList renumbers its children
+    for new_index, block in enumerate(layout.layers):
+        for module in block.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new_index
+    layer_types = getattr(model.config, "layer_types", None)
+    model.config.num_hidden_layers = len(layout.layers)
+    if isinstance(layer_types, list) and len(layer_types) == n:
+        model.config.layer_types = [t for i, t in enumerate(layer_types) if i not in set(drop)]
+    return model

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.opd.config import COMPARISON_FIELDS
-from mismatch.opd.verdict import DIVERGED_FACTOR, opd_runs, verdict_table
+from mismatch.opd.verdict import DIVERGED_FACTOR, judges_accuracy, opd_runs, verdict_table
 from mismatch.rollout_spec import RolloutSpec
 from mismatch.sequential import DEFAULT_DESIGN, Design, pooled_sd
 from mismatch.verdict import DEFAULT_TOLERANCE, TOLERANCE_WORDS, Tolerance
@@ -78,13 +78,13 @@ def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
     table = verdict_table(rows, tolerance=tolerance)
     configs = pd.DataFrame([cfg for cfg, _ in opd_runs(rows)]).set_index("run_id")
     fields = [f for f in COMPARISON_FIELDS if f in configs.columns and f not in NOT_SETTINGS]
-    varying = [f for f in fields if configs[f].map(_short).nunique() > 1]  # None and NaN alike: "off"
+    varying = [f for f in fields if configs[f].map(short_text).nunique() > 1]  # None and NaN alike: "off"
 
     def settings(run_id: str) -> str:
         cfg = configs.loc[run_id]
         layers = cfg.get("layers")  # a rollout field: runs with other scopes are other levels
         scope = [f"layers {layers}"] if isinstance(layers, str) and layers != "linear" else []
-        return ", ".join([*(f"{f} {_short(cfg[f])}" for f in varying), *scope]) or "default"
+        return ", ".join([*(f"{f} {short_text(cfg[f])}" for f in varying), *scope]) or "default"
 
     sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
     return table.assign(source=[s for s, _ in sources],
@@ -92,7 +92,8 @@ def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
                         settings=[settings(r) for r in table["run_id"]])
 
 
-def _short(value: object) -> str:
+def short_text(value: object) -> str:
+    """A setting or level as the tables write it: `off` for None/NaN, floats in `%g`."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "off"
     if isinstance(value, float):
@@ -101,17 +102,21 @@ def _short(value: object) -> str:
 
 
 def judge_level(acc: np.ndarray | list[float], kl: np.ndarray | list[float], acc_reference=None, kl_reference=None, *,
-                tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN) -> dict[str, object]:
+                tolerance: Tolerance = DEFAULT_TOLERANCE, design: Design = DEFAULT_DESIGN,
+                judge_accuracy: bool = True) -> dict[str, object]:
     """The rule that judges one level from its per-seed values: the study's analysis (`level_table`) and
     the simulation of its error (`mismatch.sequential.simulate`, tested) both call it.
 
     Each statistic (Δ accuracy, KL ratio) gets its mean, an sd (`pooled_sd`: the A/A level's values
     `*_reference` as a floor under its own), and the repeated confidence interval of the
     design at the look its seed count has reached (`Design.half_width`); the verdict is the one interval
-    rule (`Tolerance.judge`) on those intervals.
+    rule (`Tolerance.judge`) on those intervals — on the KL ratio's alone when not `judge_accuracy` (a
+    sampled accuracy, `mismatch.opd.verdict.judges_accuracy`: its statistics are still returned).
 
     Returns:
-        `seeds`, `look`, per statistic `X`, `X_hw`, `X_sd`, `X_df`, `X_basis`, and `verdict` (a word).
+        `seeds`, `look`, per statistic `X`, `X_hw`, `X_sd`, `X_df`, `X_basis`, `verdict` (a word),
+        `judged_on`, and `kl_verdict` (the KL ratio's interval alone: the length law's criterion, one
+        statistic at every length).
     """
     out: dict[str, object] = {}
     seeds = 0
@@ -124,8 +129,10 @@ def judge_level(acc: np.ndarray | list[float], kl: np.ndarray | list[float], acc
         out[f"{name}_hw"] = design.half_width(spread.sd, len(x), spread.df) if len(x) >= 2 else math.nan
         out[f"{name}_sd"], out[f"{name}_df"], out[f"{name}_basis"] = spread.sd, spread.df, spread.basis
     out["seeds"], out["look"] = seeds, design.look(seeds)
-    out["verdict"] = tolerance.judge(out["kl_ratio"], out["kl_ratio_hw"], out["acc_delta"],
-                                     out["acc_delta_hw"]).word(TOLERANCE_WORDS)
+    acc_judged = (out["acc_delta"], out["acc_delta_hw"]) if judge_accuracy else (math.nan, math.nan)
+    out["verdict"] = tolerance.judge(out["kl_ratio"], out["kl_ratio_hw"], *acc_judged).word(TOLERANCE_WORDS)
+    out["judged_on"] = "Δ accuracy, KL ratio" if judge_accuracy else "KL ratio"
+    out["kl_verdict"] = tolerance.judge(out["kl_ratio"], out["kl_ratio_hw"]).word(TOLERANCE_WORDS)  # the KL's alone
     return out
 
 
@@ -146,11 +153,16 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
     `heldout_*_se`; 0 for the exact expected accuracy), `marginal` (an interval clears its threshold by
     less than that Monte-Carlo error), `same_as` (other levels whose runs are identical bit for bit —
     the same rollout weights, e.g. int4:group128 ≡ int4:channel when every row is 128 wide: reported
-    once, under the first), and the accuracy metric compared (`accuracy_metric`)."""
+    once, under the first), the accuracy metric compared (`accuracy_metric`) and what the verdict rests on
+    (`judged_on`: both statistics, or the KL ratio alone where the accuracy is sampled, `judges_accuracy`),
+    the loss, the mean response length in tokens (`response_tokens`), and learning speed: the mean ratio of
+    the held-out KL curve's area to the clean twin's (`kl_auc_ratio` ± its plain 95% t half-width
+    `kl_auc_ratio_hw`: descriptive, not judged)."""
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     # grouped by the level's repr: pandas factorizes 1 and 1.0 (stale:1, noise:1.0) as one value
     judged = judged.assign(level_key=judged["level"].map(repr))
-    columns = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se", "kl_ratio_mc_se"]
+    columns = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se", "kl_ratio_mc_se",
+               "kl_auc_ratio"]
     groups = []
     for (pair, source, settings, _), runs_of in judged.groupby(["pair", "source", "settings", "level_key"], sort=False):
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
@@ -163,16 +175,22 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
         fingerprint = (pair, source, settings, tuple(map(tuple, group[["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean"]]
                                                           .reset_index().fillna(-1.0).to_numpy().tolist())))
         if source != NOISE_FLOOR_SOURCE and fingerprint in seen:  # the same runs bit for bit: one level
-            seen[fingerprint]["same_as"].append(_short(level))
+            seen[fingerprint]["same_as"].append(short_text(level))
             continue
         ref = references.get((pair, settings)) if source != NOISE_FLOOR_SOURCE else None
-        row = {"pair": pair, "source": source, "settings": settings, "level": level}
+        metrics = set(runs_of["accuracy_metric"].dropna())
+        row = {"pair": pair, "source": source, "settings": settings, "level": level,
+               "loss": "/".join(sorted(set(runs_of["loss"].dropna().astype(str)))) if "loss" in runs_of else ""}
         row.update(judge_level(group["acc_delta"], group["kl_ratio"],
                                None if ref is None else ref["acc_delta"], None if ref is None else ref["kl_ratio"],
-                               tolerance=tolerance, design=design))
+                               tolerance=tolerance, design=design,
+                               judge_accuracy=bool(metrics) and all(judges_accuracy(m) for m in metrics)))
         row.update({"seeds": len(group),
                     "mismatch_kl": float(group["mismatch_kl"].mean()),
                     "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),
+                    "response_tokens": float(runs_of["response_tokens"].mean()) if "response_tokens" in runs_of else math.nan,
+                    **dict(zip(("kl_auc_ratio", "kl_auc_ratio_hw"), t_interval(group["kl_auc_ratio"].dropna())
+                               if "kl_auc_ratio" in group else (math.nan, math.nan))),
                     "acc_margin": row["acc_delta"] + tolerance.acc_tol, "kl_margin": 1 + tolerance.kl_tol - row["kl_ratio"],
                     "accuracy_metric": "/".join(sorted(set(runs_of["accuracy_metric"].dropna()))), "same_as": []})
         marginal = False
@@ -181,7 +199,8 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
             mc = float(np.sqrt((se.dropna() ** 2).sum()) / len(se.dropna())) if se is not None and se.notna().any() else math.nan
             row[f"{name}_mc_se"] = mc
             clear = _clearance(row[name], row[f"{name}_hw"], limit)
-            marginal |= bool(clear > 0 and mc == mc and clear < mc)
+            judged = name == "kl_ratio" or row["judged_on"] != "KL ratio"
+            marginal |= bool(judged and clear > 0 and mc == mc and clear < mc)
         row["marginal"] = marginal
         if source != NOISE_FLOOR_SOURCE:
             seen[fingerprint] = row
@@ -275,9 +294,11 @@ def run_verdicts(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE
 
 def kept_up(levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.Series:
     """Per level, whether its *means* over seeds lie within the thresholds (Δ accuracy ≥ −acc_tol,
-    no accuracy counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which
+    no accuracy, or one not judged (`judged_on`), counting as within; KL ratio ≤ 1 + kl_tol): kept up with clean on average, which
     the interval verdict may still call uncertain."""
-    return pd.Series([tolerance.kept_up(float(kl), float(acc)) for kl, acc in zip(levels["kl_ratio"], levels["acc_delta"])],
+    judged = levels["judged_on"] if "judged_on" in levels else pd.Series("", index=levels.index)
+    return pd.Series([tolerance.kept_up(float(kl), float(acc) if on != "KL ratio" else math.nan)
+                      for kl, acc, on in zip(levels["kl_ratio"], levels["acc_delta"], judged)],
                      index=levels.index, dtype=bool)  # the one rule, `Tolerance.kept_up`
 
 
@@ -299,13 +320,14 @@ def tolerance_table(levels: pd.DataFrame) -> pd.DataFrame:
             for lv in tested:  # ascending
                 if verdict[lv] != "tolerated":
                     break
-                largest = _short(lv)
-        first_bad = next((_short(lv) for lv in tested if verdict[lv] == "not tolerated"), "—")
+                largest = short_text(lv)
+        first_bad = next((short_text(lv) for lv in tested if verdict[lv] == "not tolerated"), "—")
         seeds = dict(zip(group["level"], group["seeds"]))
-        uncertain = ", ".join(f"{_short(lv)} (undecided at {seeds[lv]} seed{'s' if seeds[lv] != 1 else ''})"
+        uncertain = ", ".join(f"{short_text(lv)} (undecided at {seeds[lv]} seed{'s' if seeds[lv] != 1 else ''})"
                               for lv in tested if verdict[lv] == "uncertain") or "—"
-        out.append({"pair": pair, "source": source, "settings": settings,
-                    "levels": ", ".join(_short(lv) for lv in tested),
+        out.append({"pair": pair, "source": source, "loss": group["loss"].iloc[0] if "loss" in group else "",
+                    "settings": settings,
+                    "levels": ", ".join(short_text(lv) for lv in tested),
                     "tolerated up to": largest,
                     "first not tolerated": first_bad, "uncertain": uncertain})
     return pd.DataFrame(out)

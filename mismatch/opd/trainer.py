@@ -93,7 +93,7 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
     """
     token_N = student_batch.input_ids[student_batch.response_mask.bool()]
     n = token_N.shape[0]
-    student_hidden_ND = _hidden(student, student_batch)  # [N, D], carries the trunk's graph
+    student_hidden_ND = _hidden(student, student_batch, share_prefix=True)  # [N, D], carries the trunk's graph
     leaf = student_hidden_ND.detach().requires_grad_()
     student_head = Head.of(student)
     t0 = time.perf_counter()

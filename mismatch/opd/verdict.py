@@ -19,6 +19,7 @@ METRIC_COLUMNS = ("step", "metric", "value")
 # The study's accuracy, best first: the expected exact match computed exactly (tasks with one correct
 # response: no sampling noise) where both runs recorded it, else the exact match of temperature-1 samples.
 ACCURACY_METRICS = ("heldout_expected_accuracy", "heldout_accuracy")
+EXACT_ACCURACY = ACCURACY_METRICS[0]
 DIVERGED_FACTOR = 1.5  # a run whose final held-out KL exceeds 1.5 × its step-0 value has diverged
 
 
@@ -43,6 +44,15 @@ def accuracy_metric(*runs: list[dict]) -> str:
     return next((m for m in ACCURACY_METRICS if all(m in names for names in recorded)), ACCURACY_METRICS[-1])
 
 
+def judges_accuracy(metric: str) -> bool:
+    """Whether a verdict rests on the accuracy `metric` as well as on the KL ratio: only when it is exact
+    (`EXACT_ACCURACY`, the expected exact match). A sampled accuracy carries the evaluation's binomial noise
+    — on smollm2-concise 4–6 points at 64–200 questions, more than the 2-point threshold — so it is
+    reported beside the verdict, not judged: such a pair is judged by its held-out reverse KL to the
+    teacher, the objective OPD minimises."""
+    return metric == EXACT_ACCURACY
+
+
 def last_step(rows: list[dict], metric: str = "heldout_rkl") -> float:
     """The last step that recorded `metric` (the last evaluation); NaN if none did."""
     return max((r["step"] for r in rows if r["metric"] == metric), default=math.nan)
@@ -52,6 +62,16 @@ def mean_value(rows: list[dict], metric: str) -> float:
     """The metric's mean over the steps that recorded it (NaN if none did)."""
     values = [r["value"] for r in rows if r["metric"] == metric]
     return sum(values) / len(values) if values else math.nan
+
+
+def kl_curve_area(rows: list[dict], steps: list[int]) -> float:
+    """Area under the held-out reverse-KL curve over `steps` (trapezoids between the evaluations), ÷ the
+    steps' span: the curve's mean height. NaN unless every step of `steps` (≥ 2) recorded `heldout_rkl`."""
+    by_step = {r["step"]: r["value"] for r in rows if r["metric"] == "heldout_rkl"}
+    if len(steps) < 2 or any(s not in by_step for s in steps):
+        return math.nan
+    area = sum((b - a) * (by_step[a] + by_step[b]) / 2 for a, b in zip(steps, steps[1:]))
+    return area / (steps[-1] - steps[0])
 
 
 def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> dict[str, float | bool]:
@@ -67,7 +87,10 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
         clean / run held-out KL (nats) and accuracy, `kl_ratio` = run / clean, `acc_delta` =
         run − clean, `accuracy_metric` (the metric compared), the evaluation's Monte-Carlo standard error
         of each (`kl_ratio_mc_se`, `acc_delta_mc_se`: from the runs' `heldout_rkl_se` and
-        `heldout_accuracy_se`, 0 for the exact expected accuracy, NaN without them), and `tolerated`.
+        `heldout_accuracy_se`, 0 for the exact expected accuracy, NaN without them), `kl_auc_ratio`
+        (the run's held-out KL curve's area ÷ the clean run's, over the evaluations both recorded up to the
+        common last step, `kl_curve_area`: learning speed — a level that lags and catches up has a final
+        ratio near 1 and an area ratio above it), and `tolerated`.
     """
     common = min(last_step(clean_rows), last_step(run_rows))  # runs still going: compare at the same step
     metric = accuracy_metric(clean_rows, run_rows)
@@ -89,7 +112,11 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
         if clean_kl and out["run_heldout_rkl"] else math.nan
     out["acc_delta_mc_se"] = 0.0 if metric == "heldout_expected_accuracy" else math.hypot(
         *(final_value(rows, "heldout_accuracy_se", at_most=common) for rows in (clean_rows, run_rows)))
-    out["tolerated"] = tolerance.kept_up(out["kl_ratio"], out["acc_delta"])  # one run: the point values
+    shared = sorted({r["step"] for r in clean_rows if r["metric"] == "heldout_rkl" and r["step"] <= common}
+                    & {r["step"] for r in run_rows if r["metric"] == "heldout_rkl"})
+    clean_area = kl_curve_area(clean_rows, shared)
+    out["kl_auc_ratio"] = kl_curve_area(run_rows, shared) / clean_area if clean_area else math.nan
+    out["tolerated"] = tolerance.kept_up(out["kl_ratio"], out["acc_delta"] if judges_accuracy(metric) else math.nan)
     return out
 
 
@@ -121,7 +148,8 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
     after step 0 of the rollout copy's full-vocabulary KL to the student, `trainer.probe_copy`; NaN without), heldout_rkl (final, nats),
     heldout_accuracy (final, fraction: the study's accuracy, `accuracy_metric`, which names it), kl_ratio, acc_delta (fraction), tolerated (None for clean
     runs and runs without a baseline; one run's comparison — `mismatch.opd.tolerance.run_verdicts` gives
-    the verdict, pooled over seeds), complete (the run, and its baseline, evaluated at their last
+    the verdict, pooled over seeds), loss, response_tokens (mean sampled response length, tokens: the
+    steps' `tokens` over the batch size), complete (the run, and its baseline, evaluated at their last
     step: False while a run is still going or after it failed), last_step (its last evaluation), steps,
     diverged (`diverged`).
     """
@@ -143,8 +171,10 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
                       "heldout_accuracy": final_value(metrics, accuracy), "accuracy_metric": accuracy,
                       "kl_ratio": 1.0 if is_clean else v.get("kl_ratio", math.nan),
                       "acc_delta": 0.0 if is_clean else v.get("acc_delta", math.nan),
-                      "tolerated": v.get("tolerated"),
+                      "tolerated": v.get("tolerated"), "loss": cfg.get("loss"),
+                      "response_tokens": mean_value(metrics, "tokens") / cfg["batch_size"] if cfg.get("batch_size") else math.nan,
                       "kl_ratio_mc_se": v.get("kl_ratio_mc_se", math.nan), "acc_delta_mc_se": v.get("acc_delta_mc_se", math.nan),
+                      "kl_auc_ratio": 1.0 if is_clean else v.get("kl_auc_ratio", math.nan),
                       "complete": last_step(metrics) == cfg.get("steps") and (
                           base is None or last_step(base) == cfg.get("steps")),
                       "last_step": last_step(metrics), "steps": cfg.get("steps"), "diverged": diverged(metrics)})

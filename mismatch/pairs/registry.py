@@ -42,14 +42,16 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError, of_type
 from mismatch.hashing import content_hash
+from mismatch.model.layout import drop_layers
 from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
-from mismatch.pairs.tasks import ConciseTask, PromptList, ReverseTask, SortTask
+from mismatch.pairs.tasks import BlockSortTask, ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
 from mismatch.model.tokenizer import vocab_fingerprint
 from mismatch.files import read_toml
 
 Message = tuple[str, str]  # (role, content) of a chat turn
+PRUNED_BLOCKS = tuple(range(18, 24))  # smollm2-pruned's student: SmolLM2 without these 6 of its 30 blocks
 
 CONCISE_CONTEXT: tuple[Message, ...] = (
     ("system", "You are a concise assistant: answer every question in one short sentence."),
@@ -154,7 +156,7 @@ SYNTHETIC_RECIPES = {
         student=ModelShape(family="qwen3", width=48, layers=2, heads=4, kv_heads=2, ffn=128),
         teacher_steps=1000),
 }
-TASKS = {"sort": SortTask(), "reverse": ReverseTask(), "concise": ConciseTask()}
+TASKS = {"sort": SortTask(), "reverse": ReverseTask(), "concise": ConciseTask(), "sortk": BlockSortTask()}
 
 _PRESETS = {
     "qwen3-8b-to-1.7b": ("Qwen/Qwen3-8B", "Qwen/Qwen3-1.7B", "Qwen3", ("8.2B", "1.7B")),
@@ -168,6 +170,11 @@ PAIRS: dict[str, PairSpec] = {
         name="smollm2-concise", kind="pretrained", teacher="smollm2-135m + concise context",
         student="smollm2-135m", architecture="Llama (SmolLM2)", task="concise",
         description="context distillation of short answers on SmolLM2-135M-Instruct", params=("134.5M", "134.5M")),
+    "smollm2-pruned": PairSpec(
+        name="smollm2-pruned", kind="pruned", teacher="smollm2-135m", student=f"smollm2-135m less blocks "
+        f"{PRUNED_BLOCKS[0]}–{PRUNED_BLOCKS[-1]}", architecture="Llama (SmolLM2)", task="chat (KL only)",
+        description="SmolLM2-135M-Instruct distilled into itself with part of its decoder removed, on general "
+                    "questions, judged by held-out reverse KL", params=("134.5M", "113.3M")),
     **{name: PairSpec(name=name, kind="synthetic", teacher=f"{r.teacher.layers} layers × {r.teacher.width}",
                       student=f"{r.student.layers} layers × {r.student.width}",
                       architecture={"gpt2": "GPT-2", "qwen3": "Qwen3"}[r.teacher.family], task=r.task,
@@ -479,6 +486,19 @@ def _load_pretrained(spec: PairSpec, dtype: str, progress: Progress | None) -> P
                 teacher_context=CONCISE_CONTEXT, max_new_tokens=task.max_new_tokens, description=spec.description)
 
 
+def _load_pruned(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
+    """`smollm2-pruned`: the teacher is SmolLM2-135M-Instruct; the student the same weights without
+    `PRUNED_BLOCKS` (`mismatch.model.layout.drop_layers`); both see the questions of the `concise` task
+    plainly (no context), and there is no task to score: the pair is judged by its held-out reverse KL."""
+    teacher = load("smollm2-135m", dtype=dtype)
+    student = load("smollm2-135m", dtype=dtype)
+    drop_layers(student.model, PRUNED_BLOCKS)
+    questions = TASKS["concise"]
+    return Pair(name=spec.name, student=LM(student.model, student.tokenizer, f"{spec.name}/student"), teacher=teacher,
+                task=None, prompt_source=questions, chat=True, max_new_tokens=questions.max_new_tokens,
+                description=spec.description)
+
+
 def _load_synthetic(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
     """A pair trained here: committed weights, or the cache (built there first if needed)."""
     directory, manifest = synthetic_dir(spec.name, progress)
@@ -584,6 +604,11 @@ def _pretrained_digest(spec: PairSpec) -> str:
 register_pair_kind(PairKind(name="pretrained", availability=_pretrained_availability, load=_load_pretrained,
                             digest=_pretrained_digest,
                             description="context distillation on the real SmolLM2-135M-Instruct weights"))
+register_pair_kind(PairKind(name="pruned", availability=_pretrained_availability, load=_load_pruned,
+                            digest=lambda spec: content_hash({"weights": weights_digest("smollm2-135m"),
+                                                              "prompts": TASKS["concise"].all_prompts(),
+                                                              "dropped": PRUNED_BLOCKS}),
+                            description="a real checkpoint distilled into itself with decoder blocks removed"))
 register_pair_kind(PairKind(name="synthetic", availability=_always_available, load=_load_synthetic,
                             digest=_synthetic_digest,
                             description="small models trained here from scratch (committed or cached weights)"))

@@ -10,6 +10,8 @@ splits never overlap whatever the seed or sample size:
 
   * `sort`: `sort:83712=` → `12378` — the digits in ascending order (3–10 digits).
   * `reverse`: `rev:stack=` → `kcats` — the letters in reverse order (3–12 letters).
+  * `sortk`: `sortk:a837b91=` → `a378b19` — `sort` k times over, each block found by its letter tag
+    (1–20 blocks of 3–8 digits): the length ladder, whose per-token problem does not change with k.
 
 Both need only attention to look up input tokens, which is what lets a teacher of ~0.5M
 parameters reach ≥ 95% in a few CPU minutes. (Multi-digit addition in the reversed-digit format
@@ -139,6 +141,63 @@ class ReverseTask(SyntheticTask):
         if not match:
             raise InputError(f"not a rev prompt: {prompt!r}")
         return match.group(1)[::-1]
+
+
+BLOCK_TAGS = "abcdefghijklmnopqrst"  # one letter per block: at most 20 blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSortTask(SyntheticTask):
+    """Sort each of k tagged blocks of digits: `sortk:a837b91c4605=` → `a378b19c0456`.
+
+    The length ladder's task (issue 33 §4): every block is `sort`'s problem (3–8 digits), found by its
+    tag, so the per-token problem does not change with k and the response length grows with k alone
+    (≈ 6.5·k + 1 tokens). A response scores the fraction of its blocks that are right (`score`), so a long
+    response is not scored 0 for one wrong digit; the expected exact match of the whole response is still
+    computed exactly (`answer`).
+    """
+
+    name: str = "sortk"
+    min_blocks: int = 1
+    max_blocks: int = 20
+    min_digits: int = 3
+    max_digits: int = 8
+    _pattern = re.compile(r"^sortk:((?:[a-t]\d+)+)=$")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_blocks <= self.max_blocks <= len(BLOCK_TAGS):
+            raise ValueError(f"blocks must satisfy 1 ≤ {self.min_blocks} ≤ {self.max_blocks} ≤ {len(BLOCK_TAGS)}")
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Longest correct response in tokens, EOS included."""
+        return self.max_blocks * (1 + self.max_digits) + 1
+
+    def _draw(self, rng: random.Random) -> str:
+        k = rng.randint(self.min_blocks, self.max_blocks)
+        return "sortk:" + "".join(tag + "".join(rng.choice("0123456789") for _ in range(
+            rng.randint(self.min_digits, self.max_digits))) for tag in BLOCK_TAGS[:k]) + "="
+
+    def _blocks(self, text: str) -> list[tuple[str, str]]:
+        return re.findall(r"([a-t])(\d*)", text)
+
+    def answer(self, prompt: str) -> str:
+        match = self._pattern.match(prompt)
+        if not match:
+            raise InputError(f"not a sortk prompt: {prompt!r}")
+        return "".join(tag + "".join(sorted(digits)) for tag, digits in self._blocks(match.group(1)))
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        """The fraction of the prompt's blocks that the response gives right, tag and sorted digits, in
+        order (a block missing, extra or out of place is wrong; text outside `[a-t]\\d*` blocks scores 0)."""
+        if len(prompts) != len(responses):
+            raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
+        out = []
+        for prompt, response in zip(prompts, responses):
+            want = self._blocks(self.answer(prompt))
+            got = self._blocks(response) if re.fullmatch(r"(?:[a-t]\d*)*", response) else []
+            out.append(sum(w == g for w, g in zip(want, got)) / len(want))
+        return out
 
 
 _TEMPLATES = ("What is {t}?", "Explain {t} to a beginner.", "Why does {t} matter?",

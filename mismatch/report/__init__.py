@@ -6,7 +6,8 @@ hands each kind's rows to its writer:
     layer_map.png);
   * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md) and
     `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
-    probe runs on pair students beside them) and `report.admission.write_admission_report` (the
+    probe runs on pair students beside them) and `report.length.write_length_report` (the tolerated
+    mismatch against response length, when the rows hold a length ladder) and `report.admission.write_admission_report` (the
     admission thresholds such a study fits and their leave-one-pair-out validation) and
     `report.frontier.write_frontier_report` (each configuration's analytic cost beside its verdict) and
     `report.engines.write_engines_report` (llama.cpp beside its simulated twins, when present).
@@ -22,6 +23,7 @@ from mismatch.files import check_writable
 from mismatch.report.admission import write_admission_report
 from mismatch.report.engines import write_engines_report
 from mismatch.report.frontier import write_frontier_report
+from mismatch.report.length import write_length_report
 from mismatch.report.manifest import claim, normalised, record
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
@@ -44,6 +46,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Toleran
         analysis = analyse(rows, tolerance)  # once, for every writer below
         written += write_opd_report(of_kind(rows, "opd"), out_dir, analysis=analysis)
         written += write_sweep_report(rows, out_dir, analysis=analysis)
+        written += write_length_report(analysis.levels, out_dir)
         written += write_admission_report(rows, out_dir, sources=sources or ["results"], analysis=analysis)
         written += write_frontier_report(rows, out_dir, analysis=analysis)
         written += write_engines_report(rows, out_dir, levels=analysis.levels)
@@ -64,4 +67,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, tolerance: Tolerance
     return [*written, record(out_dir, sources, run_ids, written, old)]
 
 
-__all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]
+__all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_length_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]

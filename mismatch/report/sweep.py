@@ -6,6 +6,7 @@ over seeds (`mismatch.opd.tolerance`):
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
     every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
   * `tolerance_levels.csv` — that per-level table;
+  * `headline.md` — the study in a page, which the README quotes verbatim (`mismatch.report.headline`);
   * `noise_floor.csv` — per pair × settings, the clean finals' spread over seeds and the A/A level
     (`resample:S` against its clean twin: the spread any mismatch is judged against), also in
     `tolerance.md`;
@@ -28,6 +29,7 @@ import pandas as pd
 
 from mismatch.opd.verdict import accuracy_metric, opd_runs
 from mismatch.pairs.registry import PAIRS, member_spec
+from mismatch.report.headline import write_headline
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
 from mismatch.report.probe import is_isolation
@@ -295,14 +297,20 @@ def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Toler
     planner at the spreads the A/A level measured (sds of Δ accuracy and KL ratio over its seeds, their
     correlation), a reference of as many seeds, up to the design's last look."""
     out = []
-    judge = lambda a, k, ra, rk: judge_level(a, k, ra, rk, tolerance=tolerance, design=design)["verdict"]  # noqa: E731
     plan = lambda n, v, cap: next_seeds(n, v, cap, design)  # noqa: E731
     twins = runs[(runs["source"] == NOISE_FLOOR_SOURCE) & runs["complete"] & (runs["baseline"] != "")]
+    aa = levels[levels["source"] == NOISE_FLOOR_SOURCE] if "judged_on" in levels else levels.iloc[:0]
+    kl_only = {(r.pair, r.settings) for r in aa.itertuples() if r.judged_on == "KL ratio"}
     for (pair, settings), group in twins.groupby(["pair", "settings"], sort=True):
         per_seed = group.groupby("seed")[["acc_delta", "kl_ratio"]].mean()
         if len(per_seed) < 3:
             continue
-        has_acc = per_seed["acc_delta"].notna().all()
+        on_acc = (pair, settings) not in kl_only  # a sampled accuracy is not judged: the rule simulated is the KL's
+
+        def judge(a, k, ra, rk, on_acc=on_acc):
+            return judge_level(a, k, ra, rk, tolerance=tolerance, design=design, judge_accuracy=on_acc)["verdict"]
+
+        has_acc = on_acc and per_seed["acc_delta"].notna().all()
         acc_sd = float(per_seed["acc_delta"].std(ddof=1)) if has_acc else 0.0
         kl_sd = float(per_seed["kl_ratio"].std(ddof=1))
         corr = float(per_seed["acc_delta"].corr(per_seed["kl_ratio"])) if has_acc and acc_sd > 0 and kl_sd > 0 else 0.0
@@ -359,8 +367,13 @@ def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Toleran
         sd=[("pooled" if str(a).startswith("pooled") or str(k).startswith("pooled") else "own")
             for a, k in zip(levels.get("acc_delta_basis", [""] * len(levels)), levels.get("kl_ratio_basis", [""] * len(levels)))],
     )
-    kept = ["pair", "source", "settings", "level", "seeds", "look", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta",
-            "kl_ratio", "sd", "verdict", "marginal", "same_as", "accuracy_metric"]
+    if "response_tokens" in shown:
+        shown["response_tokens"] = shown["response_tokens"].map(lambda v: "—" if v != v else f"{v:.0f}")
+    if "kl_auc_ratio" in shown:
+        shown["kl_auc_ratio"] = [_pm(m, h, "{:.3f}") for m, h in zip(levels["kl_auc_ratio"], levels["kl_auc_ratio_hw"])]
+    kept = ["pair", "source", "loss", "response_tokens", "settings", "level", "seeds", "look", "mismatch_kl",
+            "copy_kl_fwd_mean", "acc_delta", "kl_ratio", "kl_auc_ratio", "sd", "verdict", "judged_on", "marginal",
+            "same_as", "accuracy_metric"]
     shown = shown[[c for c in kept if c in shown]].rename(columns={"acc_delta": "Δ accuracy (pts)"})
     return "\n".join([
         "# Tolerance of OPD to rollout mismatch", "",
@@ -397,6 +410,7 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: To
     written = [out_dir / "tolerance.md", out_dir / "tolerance.csv", out_dir / "tolerance_levels.csv",
                out_dir / "noise_floor.csv"]
     alpha = realised_alpha(levels, runs, tolerance=tolerance, design=analysis.design)
+    written.append(write_headline(levels, runs, floor, alpha, out_dir, tolerance=tolerance, design=analysis.design))
     written[0].write_text(_markdown(summary, levels, tolerance=tolerance, floor=floor, design=analysis.design,
                                     alpha=alpha))
     summary.to_csv(written[1], index=False)

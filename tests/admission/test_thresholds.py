@@ -66,7 +66,7 @@ STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -0.5), 
 
 def _run(config, acc, first_kl):
     rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": 1.0},
-            {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 2, "metric": "heldout_expected_accuracy", "value": acc},
             {"step": 1, "metric": "mismatch_kl", "value": first_kl},
             {"step": 2, "metric": "mismatch_kl", "value": 5 * first_kl}]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)

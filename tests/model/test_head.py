@@ -50,18 +50,40 @@ def test_a_shared_prefix_gives_the_plain_pass_rows_up_to_fp32_rounding(spec):
     assert (shared.last_logits_BV - plain.last_logits_BV).abs().max() <= 1e-5 * plain.last_logits_BV.abs().max()
 
 
-def test_without_a_long_enough_prefix_or_with_gradients_it_is_the_plain_pass():
+def test_without_a_long_enough_prefix_it_is_the_plain_pass():
     lm = mismatch.load("tiny-llama")
     ids, attn, resp = _batch([5] * (MIN_SHARED_PREFIX - 1), [[7, 8, 9, 10], [11, 12, 13, 14, 15]])
     index = response_index(resp)
     with torch.no_grad():
         assert torch.equal(head_inputs(lm.model, ids, attn, index, share_prefix=True).rows_ND,
                            head_inputs(lm.model, ids, attn, index).rows_ND)  # bit for bit: not taken
-    ids, attn, resp = _batch([5] * 20, [[7, 8, 9, 10], [11, 12, 13, 14, 15]])
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen3", "tiny-gpt2"])
+def test_gradients_through_a_shared_prefix_are_the_plain_pass_gradients(spec):
+    """With gradients on (OPD's student), the prefix runs once and its weights get every row's gradient
+    through the repeated cache: the same parameter gradients as the plain pass, to fp32 rounding (sums in
+    another order; the bound of the rows' test, a loss and a backward more of the same widths)."""
+    lm = mismatch.load(spec)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(3, 250, (20,), generator=gen).tolist()
+    owns = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (6, 4, 8)]
+    ids, attn, resp = _batch(prefix, owns)
     index = response_index(resp)
-    grad = head_inputs(lm.model, ids, attn, index, share_prefix=True).rows_ND  # gradients on: the plain pass
-    with torch.no_grad():
-        assert torch.equal(grad.detach(), head_inputs(lm.model, ids, attn, index).rows_ND)
+    weights = torch.randn(len(index), lm.model.config.hidden_size if hasattr(lm.model.config, "hidden_size")
+                          else lm.model.config.n_embd, generator=gen)
+    grads = []
+    for share in (False, True):
+        lm.model.zero_grad(set_to_none=True)
+        rows = head_inputs(lm.model, ids, attn, index, share_prefix=share).rows_ND
+        (rows * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None})
+    plain, shared = grads
+    assert plain.keys() == shared.keys() and len(plain) > 4
+    total = torch.cat([g.flatten() for g in plain.values()])
+    diff = torch.cat([(shared[n] - g).flatten() for n, g in plain.items()])
+    assert diff.norm() <= 1e-5 * total.norm()
+    assert not torch.equal(diff, torch.zeros_like(diff))  # the shared path did run
 
 
 def test_identical_rows_stop_the_prefix_before_the_first_requested_position():

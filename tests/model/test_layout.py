@@ -153,3 +153,43 @@ def test_positions_rules():
     assert scorable(attn).tolist() == [[False, False, False, True, True], [False, True, True, False, False]]
     assert position_ids(attn).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
     assert response_index(scorable(attn)).tolist() == [2, 3, 5, 6]
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen3", "tiny-gpt2"])
+def test_dropping_blocks_gives_the_model_built_without_them(spec):
+    """A model with block 1 dropped computes what a model built with one block fewer computes from the kept
+    weights (an independent construction: a fresh config, the state dict renamed), with and without the KV
+    cache — the renumbered `layer_idx` is what keeps generation's cache right."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from mismatch.model.layout import drop_layers
+
+    lm = mismatch.load(spec)
+    pruned = drop_layers(copy.deepcopy(lm.model), (1,))
+    config = copy.deepcopy(lm.model.config)
+    config.num_hidden_layers -= 1
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:1] + config.layer_types[2:]
+    fresh = AutoModelForCausalLM.from_config(config).eval()
+    prefix = model_layout(lm.model).layers
+    rename = {}
+    for name, tensor in lm.model.state_dict().items():
+        parts = name.split(".")
+        idx = next((i for i, p in enumerate(parts[:-1]) if p.isdigit() and ".".join(parts[:i]).endswith(("layers", "h"))), None)
+        if idx is None:
+            rename[name] = tensor
+        elif int(parts[idx]) != 1:
+            parts[idx] = str(int(parts[idx]) - (int(parts[idx]) > 1))
+            rename[".".join(parts)] = tensor
+    fresh.load_state_dict(rename, strict=True)
+    assert len(prefix) == len(model_layout(pruned).layers) + 1 and pruned.config.num_hidden_layers == len(prefix) - 1
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250]])
+    with torch.no_grad():
+        assert torch.equal(pruned(ids).logits, fresh(ids).logits)
+        out = pruned.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        want = fresh.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False)
+    assert torch.equal(out, want)
+    with pytest.raises(InputError, match="cannot drop"):
+        drop_layers(copy.deepcopy(lm.model), (len(prefix),))

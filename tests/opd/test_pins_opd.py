@@ -88,7 +88,7 @@ def _rows(config: OPDConfig, metrics: dict[str, dict[int, float]]) -> pd.DataFra
 
 
 def _finished(acc: float, kl: float, copy_kl: dict[int, float] | None = None) -> dict[str, dict[int, float]]:
-    out = {"heldout_rkl": {0: 2.0, 2: 1.5, 4: kl}, "heldout_accuracy": {0: 0.25, 2: 0.3, 4: acc},
+    out = {"heldout_rkl": {0: 2.0, 2: 1.5, 4: kl}, "heldout_expected_accuracy": {0: 0.25, 2: 0.3, 4: acc},
            "mismatch_kl": {1: 0.01, 2: 0.02, 3: 0.01, 4: 0.02}}
     return {**out, "copy_kl_fwd_mean": copy_kl} if copy_kl else out
 

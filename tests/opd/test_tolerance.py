@@ -69,8 +69,8 @@ def test_source_level_and_bits():
 
 def _run(config: OPDConfig, acc: float, kl: float, mismatch: float = 0.01) -> pd.DataFrame:
     rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
-            {"step": 0, "metric": "heldout_accuracy", "value": 0.25},
-            {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 0, "metric": "heldout_expected_accuracy", "value": 0.25},
+            {"step": 2, "metric": "heldout_expected_accuracy", "value": acc},
             {"step": 1, "metric": "mismatch_kl", "value": mismatch}, {"step": 2, "metric": "mismatch_kl", "value": 0.0}]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
 
@@ -110,6 +110,23 @@ def test_levels_pool_seeds_and_judge_with_intervals(rows):
     assert cell["kl_margin"] == pytest.approx(1.10 - 1.03)
 
 
+def test_a_sampled_accuracy_is_reported_beside_a_kl_verdict(rows):
+    """A pair whose accuracy is sampled (no exact expectation) is judged by its KL ratio alone: the same Δ
+    that leaves stale:2 uncertain (its interval straddles −2 points) does not decide here, the KL does;
+    the Δ and its interval are still in the table. Each level carries its loss and response length."""
+    sampled = rows.assign(metric=rows["metric"].replace({"heldout_expected_accuracy": "heldout_accuracy"}))
+    levels = level_table(run_table(sampled)).set_index(["settings", "level"])
+    exact = level_table(run_table(rows)).set_index(["settings", "level"])
+    cell = levels.loc[("lr 0.001", 2)]
+    assert cell["judged_on"] == "KL ratio" and exact.loc[("lr 0.001", 2), "judged_on"] == "Δ accuracy, KL ratio"
+    assert cell["acc_delta"] == pytest.approx(exact.loc[("lr 0.001", 2), "acc_delta"])
+    assert cell["acc_delta_hw"] == pytest.approx(exact.loc[("lr 0.001", 2), "acc_delta_hw"])
+    assert cell["verdict"] == "tolerated" and exact.loc[("lr 0.001", 2), "verdict"] == "uncertain"  # KL 1.03 (sd 0)
+    assert levels.loc[("lr 0.001", 4), "verdict"] == "not tolerated"  # KL 1.20 still decides against
+    assert set(levels["loss"]) == {"full-rkl"}
+    assert math.isnan(cell["response_tokens"])  # these hand-made runs logged no `tokens`
+
+
 def test_tolerance_table_reads_the_ladder(rows):
     table = tolerance_table(level_table(run_table(rows))).set_index(["source", "settings"])
     stale = table.loc[("stale", "lr 0.001")]
@@ -122,11 +139,20 @@ def test_tolerance_table_reads_the_ladder(rows):
 def test_the_report_writes_tables_and_figures(rows, tmp_path):
     written = write_sweep_report(rows, tmp_path)
     names = [p.name for p in written]
-    assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "noise_floor.csv", "tolerance_levels.png",
-                     "tolerance_vs_mismatch.png", "seed_curves.png"]
+    assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "noise_floor.csv", "headline.md",
+                     "tolerance_levels.png", "tolerance_vs_mismatch.png", "seed_curves.png"]
     md = (tmp_path / "tolerance.md").read_text()
-    assert "| sort-gpt2 | stale | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 (undecided at 3 seeds) |" in md
+    assert "| sort-gpt2 | stale | full-rkl | lr 0.001 | 1, 2, 4, 8 | 1 | 4 | 2 (undecided at 3 seeds) |" in md
     assert "## The design and its error" in md and "looks at 3, 6, 10, 16 seeds" in md
+    # the headline counts what the level table says, and names each level's deciding statistic
+    levels = pd.read_csv(tmp_path / "tolerance_levels.csv")
+    judged = levels[levels["source"] != "A/A"]
+    decided = int((judged["verdict"] != "uncertain").sum())
+    head = (tmp_path / "headline.md").read_text()
+    assert f"**{decided} of the {len(judged)} levels are decided**" in head
+    assert head.startswith("<!-- reports/headline.md: begin -->") and head.rstrip().endswith("end -->")
+    stale4 = levels[(levels["source"] == "stale") & (levels["level"] == "4") & (levels["settings"] == "lr 0.001")].iloc[0]
+    assert f"stale 4 (KL {stale4['kl_ratio']:.3f} ± {stale4['kl_ratio_hw']:.3f}" in head  # KL decided it, not Δ
     judged = int((level_table(run_table(rows))["source"] != "A/A").sum())
     assert f"{judged} levels judged" in md and f"≈ {0.05 * judged:.1f} wrong verdicts" in md
     assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8

@@ -37,7 +37,7 @@ def synthetic():
 
 
 def test_offline_pairs_are_listed_and_presets_are_not():
-    assert mismatch.list_pairs() == ["smollm2-concise", "sort-gpt2", "reverse-qwen3"]
+    assert mismatch.list_pairs() == ["smollm2-concise", "smollm2-pruned", "sort-gpt2", "reverse-qwen3"]
     assert mismatch.list_pairs(include_unavailable=True) == list(PAIRS)
     assert set(PRESETS) <= set(PAIRS)
 
@@ -211,8 +211,8 @@ def test_smollm2_concise_pair_has_a_measurable_gap():
 
 
 def test_every_pair_kind_is_registered_once():
-    assert list(PAIR_KINDS) == ["pretrained", "synthetic", "preset", "toml"]
-    assert {spec.kind for spec in PAIRS.values()} == {"pretrained", "synthetic", "preset"}
+    assert list(PAIR_KINDS) == ["pretrained", "pruned", "synthetic", "preset", "toml"]
+    assert {spec.kind for spec in PAIRS.values()} == {"pretrained", "pruned", "synthetic", "preset"}
     assert all(kind.name == name and kind.description for name, kind in PAIR_KINDS.items())
     with pytest.raises(ValueError, match="'preset' is already registered"):
         register_pair_kind(PAIR_KINDS["preset"])
@@ -236,7 +236,7 @@ def test_availability_and_loading_dispatch_on_the_kind(monkeypatch):
     pair = mismatch.load_pair("qwen3-4b-to-0.6b", dtype="bf16")
     assert pair.name == "qwen3-4b-to-0.6b" and loaded == [(spec, "bf16", None)]
     bogus = dataclasses.replace(spec, kind="bogus")
-    with pytest.raises(InputError, match="unknown pair kind 'bogus'; valid: pretrained, synthetic, preset, toml"):
+    with pytest.raises(InputError, match="unknown pair kind 'bogus'; valid: pretrained, pruned, synthetic, preset, toml"):
         availability(bogus)
 
 

@@ -1,6 +1,7 @@
 """Task generators: deterministic, disjoint splits, scoring on hand-written responses."""
 
 import hashlib
+import re
 
 import pytest
 
@@ -88,3 +89,25 @@ def test_prompt_list_splits_a_file(tmp_path):
     assert sorted(train + held) == sorted(lines)
     with pytest.raises(InputError, match="not found"):
         PromptList.from_file(tmp_path / "missing.txt")
+
+
+def test_block_sort_answers_and_scores_each_block():
+    """sortk: every block sorted under its tag, computed here by hand; the score is the fraction of blocks
+    right in place, and a response outside the block grammar scores 0."""
+    from mismatch.pairs.tasks import BlockSortTask
+
+    task = BlockSortTask()
+    assert task.answer("sortk:a837b91c4605=") == "a378b19c0456"
+    prompts = task.prompts("train", 50, seed=0)
+    for p in prompts:
+        body = p[len("sortk:"):-1]
+        blocks = re.findall(r"([a-t])(\d+)", body)
+        assert "".join(t for t, _ in blocks) == "abcdefghijklmnopqrst"[:len(blocks)] and 1 <= len(blocks) <= 20
+        assert all(3 <= len(d) <= 8 for _, d in blocks)
+        assert task.answer(p) == "".join(t + "".join(sorted(d)) for t, d in blocks)
+    p = "sortk:a837b91c4605="
+    assert task.score([p] * 4, ["a378b19c0456", "a378b91c0456", "a378b19", "a378 b19c0456"]) == [1.0, 2 / 3, 2 / 3, 0.0]
+    fixed = BlockSortTask(name="sortk4", min_blocks=4, max_blocks=4)
+    assert {len(re.findall(r"[a-t]", p[len("sortk:"):])) for p in fixed.prompts("held_out", 20)} == {4}
+    assert fixed.max_new_tokens == 4 * 9 + 1
+    assert not set(fixed.prompts("held_out", 30)) & set(fixed.prompts("train", 300))

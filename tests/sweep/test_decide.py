@@ -89,7 +89,7 @@ def test_the_simulation_calls_the_rule_the_analysis_calls():
 
 def _run(config: OPDConfig, acc: float, kl: float = 1.0) -> pd.DataFrame:
     rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
-            {"step": 0, "metric": "heldout_accuracy", "value": 0.25}, {"step": 2, "metric": "heldout_accuracy", "value": acc},
+            {"step": 0, "metric": "heldout_expected_accuracy", "value": 0.25}, {"step": 2, "metric": "heldout_expected_accuracy", "value": acc},
             {"step": 1, "metric": "mismatch_kl", "value": 0.01}]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
 

@@ -53,7 +53,7 @@ ACC_LIMIT, KL_LIMIT = -DEFAULT_TOLERANCE.acc_tol, 1 + DEFAULT_TOLERANCE.kl_tol
 def _run(config: OPDConfig, acc: float, kl: float) -> pd.DataFrame:
     """A finished run's rows as `mismatch.opd.runs` writes them (`tidy(… .assign(level="step"), kind="opd",
     config=run_columns(config))`, runs.py), with the held-out metrics `trainer.evaluate` records."""
-    values = {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_accuracy": {0: 0.25, 2: acc}, "mismatch_kl": {1: 0.01}}
+    values = {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_expected_accuracy": {0: 0.25, 2: acc}, "mismatch_kl": {1: 0.01}}
     rows = [{"step": s, "metric": m, "value": v} for m, by_step in values.items() for s, v in by_step.items()]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
 

@@ -1,0 +1,79 @@
+"""The length law: how the tolerated per-token mismatch scales with response length (`mismatch.opd.length`).
+
+`write_length_report(levels, out_dir)` finds the ladders that differ only in response length — pairs that
+load one synthetic build (the sortk rungs, 1, 4 and 20 blocks per problem: experiments/length_ladder/) under the same
+loss and settings — and writes, when there are at least two lengths:
+  * `length_law.csv` — per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl`,
+    judged on the KL ratio alone (`kl_verdict`: one criterion at every length), with the law's exponent
+    interval on each row;
+  * `length_law.md` — those brackets, the exponents they allow (and the hypotheses per token, b = −½, per
+    sequence, allowed or excluded), and every other level at each length (formats) with its KL verdict.
+`mismatch check` reads the law from `length_law.csv` (issue 34).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mismatch.opd.length import brackets, length_law
+from mismatch.pairs.registry import PAIRS
+from mismatch.report.common import markdown_table
+
+
+def family(pair: str) -> str:
+    """The models a pair's runs train: the build its weights come from (`PairSpec.build`, the rungs of one
+    ladder share it), else the pair itself."""
+    spec = PAIRS.get(pair)
+    return (getattr(spec, "build", None) or pair) if spec is not None else pair
+
+
+def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, list[tuple[tuple, object]]]:
+    """The brackets of every length ladder in `levels` and each ladder's `LengthLaw`: `(table, [(key, law)])`,
+    the key being (family, loss, settings); `families(pair)` names the models each pair trains."""
+    if levels.empty or "response_tokens" not in levels:
+        return pd.DataFrame(), []
+    noise = levels[levels["source"] == "noise"].assign(family=lambda f: f["pair"].map(families))
+    tables, laws = [], []
+    for key, group in noise.groupby(["family", "loss", "settings"], sort=True):
+        if group["pair"].nunique() < 2:
+            continue
+        table = brackets(group, by=["pair"], verdict="kl_verdict").sort_values("response_tokens")
+        law = length_law(table)
+        laws.append((key, law))
+        tables.append(table.assign(family=key[0], loss=key[1], settings=key[2], b_low=law.b_low, b_high=law.b_high,
+                                   b_mid=law.b_mid, law=law.describe()))
+    return (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()), laws
+
+
+def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=family) -> list[Path]:
+    """Write `length_law.csv` and `length_law.md` when `levels` hold a length ladder; else nothing."""
+    table, laws = length_tables(levels, families)
+    if table.empty:
+        return []
+    out_dir = Path(out_dir)
+    csv, md = out_dir / "length_law.csv", out_dir / "length_law.md"
+    table.to_csv(csv, index=False)
+    lines = ["# Tolerated mismatch against response length", "",
+             "Per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl` (nats): `low`, the "
+             "largest level tolerated with every smaller one tolerated; `high`, the smallest not tolerated; judged "
+             "on the held-out KL ratio alone at every length (an exact-match accuracy falls towards 0 as responses "
+             "grow). The exponents b of the power laws limit(T) = c·T^b passing through every bracket form the "
+             "interval given; it is the set the decided verdicts allow, not a fitted confidence interval.", ""]
+    for (fam, loss, settings), law in laws:
+        part = table[(table["family"] == fam) & (table["loss"] == loss) & (table["settings"] == settings)]
+        shown = part[["pair", "response_tokens", "low", "high", "levels", "undecided"]].assign(
+            response_tokens=part["response_tokens"].map(lambda v: f"{v:.1f}"),
+            high=part["high"].map(lambda v: "∞" if math.isinf(v) else f"{v:.4g}"),
+            low=part["low"].map(lambda v: f"{v:.4g}"))
+        lines += [f"## {fam} · {loss} · {settings}", "", markdown_table(shown), "", f"**{law.describe()}**", ""]
+        others = levels[levels["pair"].isin(part["pair"]) & ~levels["source"].isin(["noise", "A/A"])
+                        & (levels["loss"] == loss) & (levels["settings"] == settings)]
+        if len(others):
+            lines += ["Other levels at each length:", "", markdown_table(others[[
+                "pair", "source", "level", "response_tokens", "mismatch_kl", "kl_ratio", "kl_ratio_hw", "seeds",
+                "kl_verdict", "verdict"]]), ""]
+    md.write_text("\n".join(lines))
+    return [csv, md]

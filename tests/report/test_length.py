@@ -1,0 +1,60 @@
+"""The length report: ladders that differ only in response length (the sortk rungs) are found, bracketed on
+the KL ratio alone and given their exponent interval; the brackets agree with the level table read by hand.
+Two pairs stand in for two rungs (the sortk build is not committed yet: experiments/length_ladder/)."""
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.tolerance import analyse
+from mismatch.report.length import family, write_length_report
+from mismatch.results import tidy
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+def _run(config: OPDConfig, kl: float, mismatch: float, tokens: float) -> pd.DataFrame:
+    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
+            {"step": 0, "metric": "heldout_expected_accuracy", "value": 0.3},
+            {"step": 2, "metric": "heldout_expected_accuracy", "value": 0.3},
+            {"step": 1, "metric": "mismatch_kl", "value": mismatch}, {"step": 2, "metric": "mismatch_kl", "value": mismatch},
+            {"step": 1, "metric": "tokens", "value": tokens * config.batch_size},
+            {"step": 2, "metric": "tokens", "value": tokens * config.batch_size}]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+
+
+# per rung: its response length and, per noise σ, (mismatch_kl, KL ratio on three seeds)
+RUNGS = {"sort-gpt2": (8.0, {0.1: (0.02, 1.0), 0.3: (0.2, 1.02), 0.5: (0.5, 1.5)}),
+         "reverse-qwen3": (130.0, {0.1: (0.02, 1.01), 0.3: (0.2, 1.4), 0.5: (0.5, 2.0)})}
+
+
+def test_the_length_report_brackets_each_rung(tmp_path):
+    frames = []
+    for pair, (tokens, ladder) in RUNGS.items():
+        base = OPDConfig(pair=pair, steps=2, batch_size=4)
+        for seed in range(3):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
+            for sigma, (mismatch, ratio) in ladder.items():
+                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
+                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
+    levels = analyse(pd.concat(frames, ignore_index=True)).levels
+    assert family("sort-gpt2") == "sort-gpt2"  # a pair of its own: no ladder with another
+    assert write_length_report(levels, tmp_path / "none") == []
+    ladder = {"sort-gpt2": "ladder", "reverse-qwen3": "ladder"}.get  # stand-ins for two rungs of one build
+    written = write_length_report(levels, tmp_path, ladder)
+    assert [p.name for p in written] == ["length_law.csv", "length_law.md"]
+    table = pd.read_csv(written[0]).set_index("pair")
+    # mismatch_kl is the mean over a run's steps: equal to the value written, to rounding
+    assert table.loc["sort-gpt2", ["low", "high"]].tolist() == pytest.approx([0.2, 0.5])
+    assert table.loc["reverse-qwen3", ["low", "high"]].tolist() == pytest.approx([0.02, 0.2])
+    assert table.loc["reverse-qwen3", "response_tokens"] == pytest.approx(130.0)
+    # the brackets [0.2, 0.5) at T = 8 and [0.02, 0.2) at T = 130 allow b in [log(0.02/0.5), log(0.2/0.2)] / log(130/8)
+    span = math.log(130 / 8)
+    assert table["b_low"].iloc[0] == pytest.approx(math.log(0.02 / 0.5) / span)
+    assert table["b_high"].iloc[0] == pytest.approx(0.0, abs=1e-9)
+    assert "per sequence (b = −1)" in written[1].read_text()
+    assert write_length_report(levels[levels["pair"] == "sort-gpt2"], tmp_path / "one", ladder) == []  # one length

@@ -1,0 +1,53 @@
+"""The README's study numbers are the reports': its "What OPD tolerated" section holds `reports/headline.md`
+(written by `mismatch report`) verbatim, and every other decimal number that section or the study page
+quotes occurs in a file of `reports/` — so a number cannot drift from the results it came from."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports"
+BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: end -->"
+NUMBER = re.compile(r"(?<![\w.])[−+-]?\d+\.\d+(?![\w.]*\d)")  # decimals: 0.233, −2.0, 1.041 (not 2026-12-01, not v1.2.3)
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def _normal(number: str) -> str:
+    return number.replace("−", "-").lstrip("+")
+
+
+def _report_numbers() -> set[str]:
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(REPORTS.glob("*")) if p.suffix in (".md", ".csv"))
+    found = {_normal(n) for n in NUMBER.findall(text)}
+    # a CSV holds full precision: its rounded forms count too (0.23291 is quoted 0.233, 1.153 as 1.15)
+    for raw in re.findall(r"(?<![\w.])-?\d+\.\d{3,}", text):
+        value = float(raw)
+        found |= {f"{value:.{d}f}" for d in range(1, 4)} | {f"{100 * value:.1f}"}
+    return found
+
+
+def test_the_readme_holds_the_headline_the_reports_wrote():
+    headline = (REPORTS / "headline.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert headline.startswith(BEGIN) and headline.rstrip().endswith(END)
+    start, end = readme.index(BEGIN), readme.index(END) + len(END)
+    assert readme[start:end] + "\n" == headline, "README drifted from reports/headline.md: paste the new file in"
+
+
+@pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated")])
+def test_every_number_quoted_is_in_the_reports(page, heading):
+    text = _section((ROOT / page).read_text(encoding="utf-8"), heading)
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
+    quoted = [n for n in NUMBER.findall(text)]
+    assert quoted, "the premise: the section quotes numbers"
+    known = _report_numbers()
+    missing = sorted({n for n in quoted if _normal(n) not in known})
+    assert not missing, f"{page} quotes numbers no report holds: {missing}"
