@@ -98,9 +98,10 @@ class LengthLaw:
 def length_law(table: pd.DataFrame) -> LengthLaw:
     """The exponents allowed by the brackets of `table` (`brackets`' rows, one per length ≥ 2 lengths)."""
     t = np.log(table["response_tokens"].to_numpy(float))
-    lo = np.log(np.maximum(table["low"].to_numpy(float), 1e-300))
+    low = table["low"].to_numpy(float)
+    lo = np.full(len(low), -np.inf)  # a bracket open below (low 0) bounds nothing
+    lo[low > 0] = np.log(low[low > 0])
     hi = np.log(table["high"].to_numpy(float))
-    lo[table["low"].to_numpy(float) <= 0] = -np.inf
     # variables (log c, b): lo_i ≤ log c + b·t_i ≤ hi_i, written as A x ≤ u
     rows, bounds = [], []
     for ti, l, h in zip(t, lo, hi):

@@ -110,7 +110,7 @@ def verdict(clean_rows: list[dict], run_rows: list[dict], *, tolerance: Toleranc
     rkl_se = [final_value(rows, "heldout_rkl_se", at_most=common) for rows in (clean_rows, run_rows)]
     out["kl_ratio_mc_se"] = abs(out["kl_ratio"]) * math.hypot(rkl_se[0] / clean_kl, rkl_se[1] / out["run_heldout_rkl"]) \
         if clean_kl and out["run_heldout_rkl"] else math.nan
-    out["acc_delta_mc_se"] = 0.0 if metric == "heldout_expected_accuracy" else math.hypot(
+    out["acc_delta_mc_se"] = 0.0 if metric == EXACT_ACCURACY else math.hypot(
         *(final_value(rows, "heldout_accuracy_se", at_most=common) for rows in (clean_rows, run_rows)))
     shared = sorted({r["step"] for r in clean_rows if r["metric"] == "heldout_rkl" and r["step"] <= common}
                     & {r["step"] for r in run_rows if r["metric"] == "heldout_rkl"})

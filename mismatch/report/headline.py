@@ -18,7 +18,7 @@ import pandas as pd
 from mismatch.opd.tolerance import NOISE_FLOOR_SOURCE, short_text
 from mismatch.report.common import markdown_table
 from mismatch.sequential import Design
-from mismatch.verdict import Tolerance
+from mismatch.verdict import Tolerance, Verdict, mean_interval_verdict
 
 BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: end -->"
 
@@ -46,21 +46,23 @@ def _evidence(row, tolerance: Tolerance) -> str:
     if row.judged_on == "KL ratio" or row.acc_delta != row.acc_delta:
         return kl
     acc = f"Δ {_pts(row.acc_delta, row.acc_delta_hw)}"
-    kl_decides = row.verdict == "not tolerated" and row.kl_ratio - row.kl_ratio_hw > 1 + tolerance.kl_tol and not (
-        row.acc_delta + row.acc_delta_hw < -tolerance.acc_tol)
-    return f"{kl}, {acc}" if kl_decides else f"{acc}, {kl}"
+    kl_fails = mean_interval_verdict(row.kl_ratio, row.kl_ratio_hw, 1 + tolerance.kl_tol, upper=True) is Verdict.FAIL
+    acc_fails = mean_interval_verdict(row.acc_delta, row.acc_delta_hw, -tolerance.acc_tol, upper=False) is Verdict.FAIL
+    return f"{kl}, {acc}" if kl_fails and not acc_fails else f"{acc}, {kl}"
 
 
-def _own_settings(levels: pd.DataFrame) -> pd.Series:
-    """Each level's settings less the ones most of its pair's levels share (`default` when none is left)."""
-    out = pd.Series("", index=levels.index, dtype=object)
-    for _, group in levels.groupby("pair", sort=False):
-        parts = {i: s.split(", ") for i, s in group["settings"].items()}
-        common = Counter(p for ps in parts.values() for p in set(ps))
-        shared = {p for p, n in common.items() if n > len(group) / 2}
-        for i, ps in parts.items():  # the loss has its own column
-            out[i] = ", ".join(p for p in ps if p not in shared and not p.startswith("loss ")) or "default"
+def _shared_settings(levels: pd.DataFrame) -> dict[str, set[str]]:
+    """Per pair, the settings parts most of its levels share."""
+    out = {}
+    for pair, group in levels.groupby("pair", sort=False):
+        common = Counter(p for s in group["settings"] for p in set(s.split(", ")))
+        out[pair] = {p for p, n in common.items() if n > len(group) / 2}
     return out
+
+
+def _own(settings: str, shared: set[str]) -> str:
+    """`settings` less the `shared` parts and the loss (it has its own column); `default` when none is left."""
+    return ", ".join(p for p in settings.split(", ") if p not in shared and not p.startswith("loss ")) or "default"
 
 
 def _level_name(source: str, level) -> str:
@@ -82,6 +84,7 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
         rates = "; ".join(f"{r.pair} {r.threshold} {100 * r.realised_alpha:.1f}%" for r in alpha.itertuples())
         lines += ["", f"Realised error at a threshold, simulated at each pair's A/A spreads (designed for "
                       f"{100 * design.alpha:g}%): {rates}."]
+    shared = _shared_settings(judged)
     floor_lines = []
     for r in floor.itertuples() if "aa_seeds" in floor else []:
         if r.aa_seeds != r.aa_seeds:  # no A/A level for these settings
@@ -89,12 +92,12 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
         acc = "" if r.aa_acc_delta != r.aa_acc_delta else (
             f"Δ {_pts(r.aa_acc_delta / 100, r.aa_acc_delta_hw / 100)} points (twin Δ sd {r.aa_acc_delta_sd:.2f}; "
             f"clean finals sd {r.clean_accuracy_sd:.2f}), ")
-        floor_lines.append(f"- {r.pair} ({_short_settings(r.settings, levels, r.pair)}): {acc}KL ratio "
+        floor_lines.append(f"- {r.pair} ({_own(r.settings, shared.get(r.pair, set()))}): {acc}KL ratio "
                            f"{_ratio(r.aa_kl_ratio, r.aa_kl_ratio_hw)}, {int(r.aa_seeds)} seeds "
                            f"(clean held-out KL {r.clean_heldout_rkl:.3f} sd {r.clean_heldout_rkl_sd:.3f}).")
     if floor_lines:
         lines += ["", "The noise floor (A/A: clean against clean, only the rollout samples changed):", "", *floor_lines]
-    judged["own"] = _own_settings(judged)
+    judged["own"] = [_own(s, shared[p]) for p, s in zip(judged["pair"], judged["settings"])]
     rows = []
     for (pair, source, loss, own), group in judged.groupby(["pair", "source", "loss", "own"], sort=False):
         ok = group[group["verdict"] == "tolerated"]
@@ -119,13 +122,6 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
               "length: mean response tokens; settings: those that differ from most of the pair's levels "
               "(`tolerance.md` lists them all).", "", END]
     return "\n".join(lines) + "\n"
-
-
-def _short_settings(settings: str, levels: pd.DataFrame, pair: str) -> str:
-    """The A/A level's settings as the table shows a level's: less what most of the pair's levels share."""
-    frame = levels[levels["pair"] == pair]
-    own = _own_settings(pd.concat([frame, pd.DataFrame([{"pair": pair, "settings": settings}])], ignore_index=True))
-    return own.iloc[-1]
 
 
 def write_headline(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFrame, alpha: pd.DataFrame, out_dir: Path, *,

@@ -1,14 +1,15 @@
 """The length law: how the tolerated per-token mismatch scales with response length (`mismatch.opd.length`).
 
-`write_length_report(levels, out_dir)` finds the ladders that differ only in response length — pairs that
-load one synthetic build (the sortk rungs, 1, 4 and 20 blocks per problem: experiments/length_ladder/) under the same
-loss and settings — and writes, when there are at least two lengths:
+`write_length_report(levels, out_dir, families)` finds the ladders that differ only in response length — pairs
+that train the same models (`families(pair)` names them: the sortk rungs, 1, 4 and 20 blocks per problem, will
+share one build, experiments/length_ladder/) under the same loss and settings — and writes, when there are at
+least two lengths:
   * `length_law.csv` — per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl`,
     judged on the KL ratio alone (`kl_verdict`: one criterion at every length), with the law's exponent
     interval on each row;
   * `length_law.md` — those brackets, the exponents they allow (and the hypotheses per token, b = −½, per
     sequence, allowed or excluded), and every other level at each length (formats) with its KL verdict.
-`mismatch check` reads the law from `length_law.csv` (issue 34).
+`length_law.csv` is where the admission check is to read the law from (issue 34).
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from pathlib import Path
 import pandas as pd
 
 from mismatch.opd.length import brackets, length_law
-from mismatch.pairs.registry import PAIRS
+from mismatch.opd.tolerance import NOISE_FLOOR_SOURCE
 from mismatch.report.common import markdown_table
 
 
 def family(pair: str) -> str:
-    """The models a pair's runs train: the build its weights come from (`PairSpec.build`, the rungs of one
-    ladder share it), else the pair itself."""
-    spec = PAIRS.get(pair)
-    return (getattr(spec, "build", None) or pair) if spec is not None else pair
+    """The models a pair's runs train: no registered pair shares its models with another yet (the sortk
+    rungs will: experiments/length_ladder/), so each pair is its own."""
+    return pair
 
 
 def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, list[tuple[tuple, object]]]:
@@ -69,7 +69,7 @@ def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=fami
             high=part["high"].map(lambda v: "∞" if math.isinf(v) else f"{v:.4g}"),
             low=part["low"].map(lambda v: f"{v:.4g}"))
         lines += [f"## {fam} · {loss} · {settings}", "", markdown_table(shown), "", f"**{law.describe()}**", ""]
-        others = levels[levels["pair"].isin(part["pair"]) & ~levels["source"].isin(["noise", "A/A"])
+        others = levels[levels["pair"].isin(part["pair"]) & ~levels["source"].isin(["noise", NOISE_FLOOR_SOURCE])
                         & (levels["loss"] == loss) & (levels["settings"] == settings)]
         if len(others):
             lines += ["Other levels at each length:", "", markdown_table(others[[
