@@ -41,9 +41,16 @@ def test_the_readme_holds_the_headline_the_reports_wrote():
     assert readme[start:end] + "\n" == headline, "README drifted from reports/headline.md: paste the new file in"
 
 
-@pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated")])
+def test_the_study_page_includes_the_headline_the_reports_wrote():
+    """docs/study.md shows `reports/headline.md` through the snippets extension, not a copy."""
+    assert '--8<-- "reports/headline.md"' in (ROOT / "docs" / "study.md").read_text(encoding="utf-8")
+    assert "pymdownx.snippets" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated"), ("docs/study.md", None)])
 def test_every_number_quoted_is_in_the_reports(page, heading):
-    text = _section((ROOT / page).read_text(encoding="utf-8"), heading)
+    text = (ROOT / page).read_text(encoding="utf-8")
+    text = _section(text, heading) if heading else text
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
     quoted = [n for n in NUMBER.findall(text)]

@@ -103,6 +103,7 @@ class PairSpec:
     task: str
     description: str
     recipe: BuildRecipe | None = None
+    build: str | None = None  # the synthetic build whose weights it loads (default: its own name)
     params: tuple[str, str] = ("?", "?")  # nominal sizes (teacher, student)
     source: Path | None = None  # the pair file of a `toml` pair
 
@@ -118,6 +119,9 @@ class PairKind:
         digest: `spec -> str`, 16 hex digits identifying the data such a pair reads (weights,
             prompt files) without loading it (`pair_digest`).
         description: one line.
+        member: `(spec, role, dtype) -> LM` for a kind whose models are not checkpoints a model spec
+            names (a student made by removing blocks): what `PAIR:student` / `PAIR:teacher` load;
+            None where `member_spec` names them.
     """
 
     name: str
@@ -125,6 +129,7 @@ class PairKind:
     load: Callable[[PairSpec, str, Progress | None], Pair]
     digest: Callable[[PairSpec], str]
     description: str
+    member: Callable[[PairSpec, str, str | torch.dtype], LM] | None = None
 
 
 PAIR_KINDS: Registry[PairKind] = Registry("pair kind", InputError)  # read-only mapping
@@ -287,7 +292,8 @@ def pair_sizes(spec: PairSpec) -> tuple[str, str]:
     """(teacher, student) parameter counts as text: measured for synthetic pairs with a build
     (committed or cached), nominal otherwise."""
     if spec.recipe is not None:
-        for directory in (committed_dir(spec.name), cache_build_dir(spec.name)):
+        build_name = spec.build or spec.name
+        for directory in (committed_dir(build_name), cache_build_dir(build_name)):
             path = directory / "manifest.json"
             if path.is_file():
                 manifest = json.loads(path.read_text())
@@ -404,8 +410,11 @@ def member_spec(spec: str, *, build: bool = True) -> str:
     if role not in MEMBER_ROLES:
         raise InputError(f"{spec}: a pair's model is PAIR:student or PAIR:teacher")
     pair = PAIRS[name]
+    if pair_kind(pair).member is not None:
+        return spec  # not a checkpoint: `load_member` builds it
     if pair.kind == "synthetic":
-        return str((synthetic_dir(name)[0] if build else committed_dir(name)) / role)
+        build_name = pair.build or name
+        return str((synthetic_dir(build_name)[0] if build else committed_dir(build_name)) / role)
     if pair.kind == "pretrained":
         return "smollm2-135m"
     return pair.student if role == "student" else pair.teacher
@@ -427,8 +436,24 @@ def load_member(spec: str, **kwargs) -> LM:
     Raises:
         ModelNotAvailableError, InputError: the spec cannot be resolved without the network.
     """
-    lm = load(member_spec(spec), **kwargs)
+    resolved = member_spec(spec)  # checks the type first
+    name, _, role = os.fspath(spec).rpartition(":")
+    if resolved == os.fspath(spec) and name in PAIRS and pair_kind(PAIRS[name]).member is not None:
+        lm = pair_kind(PAIRS[name]).member(PAIRS[name], role, kwargs.get("dtype", torch.float32))
+    else:
+        lm = load(resolved, **kwargs)
     return LM(lm.model, lm.tokenizer, os.fspath(spec))
+
+
+def member_digest(spec: str) -> str:
+    """16 hex digits identifying the weights `load_member(spec)` reads, without loading them: the files'
+    (`mismatch.model.loader.weights_digest`), or for a pair member that is not a checkpoint, the pair's
+    data and the role."""
+    resolved = member_spec(spec)  # checks the type first
+    name, _, role = os.fspath(spec).rpartition(":")
+    if resolved == os.fspath(spec) and name in PAIRS and pair_kind(PAIRS[name]).member is not None:
+        return content_hash({"pair": pair_digest(name), "role": role})
+    return weights_digest(resolved)
 
 
 def student_architecture(pair: str):
@@ -439,12 +464,16 @@ def student_architecture(pair: str):
         MismatchError: the pair is unknown here, or its student has no local `config.json`.
     """
     spec = member_spec(f"{pair}:student")
+    pruned = PAIRS[pair].kind == "pruned" if pair in PAIRS else False
+    if pruned:
+        spec = "smollm2-135m"
     directory = smollm2_checkpoint() if spec == "smollm2-135m" else Path(spec)
     if not (directory / "config.json").is_file():
         raise ModelNotAvailableError(f"no config.json for {pair}'s student at {directory}")
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)
+    return drop_layers(model, PRUNED_BLOCKS) if pruned else model
 
 
 def pair_digest(name: str) -> str:
@@ -486,13 +515,20 @@ def _load_pretrained(spec: PairSpec, dtype: str, progress: Progress | None) -> P
                 teacher_context=CONCISE_CONTEXT, max_new_tokens=task.max_new_tokens, description=spec.description)
 
 
+def _pruned_member(spec: PairSpec, role: str, dtype: str | torch.dtype) -> LM:
+    """`smollm2-pruned`'s teacher (SmolLM2-135M-Instruct) or student (the same weights without
+    `PRUNED_BLOCKS`, `mismatch.model.layout.drop_layers`)."""
+    lm = load("smollm2-135m", dtype=dtype)
+    if role == "student":
+        drop_layers(lm.model, PRUNED_BLOCKS)
+    return lm
+
+
 def _load_pruned(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
-    """`smollm2-pruned`: the teacher is SmolLM2-135M-Instruct; the student the same weights without
-    `PRUNED_BLOCKS` (`mismatch.model.layout.drop_layers`); both see the questions of the `concise` task
-    plainly (no context), and there is no task to score: the pair is judged by its held-out reverse KL."""
-    teacher = load("smollm2-135m", dtype=dtype)
-    student = load("smollm2-135m", dtype=dtype)
-    drop_layers(student.model, PRUNED_BLOCKS)
+    """`smollm2-pruned`: `_pruned_member`'s teacher and student; both see the questions of the `concise`
+    task plainly (no context), and there is no task to score: the pair is judged by its held-out reverse KL."""
+    teacher = _pruned_member(spec, "teacher", dtype)
+    student = _pruned_member(spec, "student", dtype)
     questions = TASKS["concise"]
     return Pair(name=spec.name, student=LM(student.model, student.tokenizer, f"{spec.name}/student"), teacher=teacher,
                 task=None, prompt_source=questions, chat=True, max_new_tokens=questions.max_new_tokens,
@@ -501,7 +537,7 @@ def _load_pruned(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
 
 def _load_synthetic(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
     """A pair trained here: committed weights, or the cache (built there first if needed)."""
-    directory, manifest = synthetic_dir(spec.name, progress)
+    directory, manifest = synthetic_dir(spec.build or spec.name, progress)
     student = load(str(directory / "student"), dtype=dtype)
     teacher = load(str(directory / "teacher"), dtype=dtype)
     student = LM(student.model, student.tokenizer, f"{spec.name}/student")
@@ -573,13 +609,16 @@ def _load_toml(spec: PairSpec, dtype: str, progress: Progress | None) -> Pair:
 
 
 def _synthetic_digest(spec: PairSpec) -> str:
-    """The files of a valid build (committed or cached), else the recipe it will be built from."""
-    recipe = SYNTHETIC_RECIPES[spec.name]
-    for directory in (committed_dir(spec.name), cache_build_dir(spec.name)):
+    """The files of a valid build (committed or cached), else the recipe it will be built from; for a rung
+    of a shared build (`PairSpec.build`), its task too."""
+    name = spec.build or spec.name
+    recipe = SYNTHETIC_RECIPES[name]
+    task = {} if spec.build is None else {"task": repr(TASKS[spec.task])}
+    for directory in (committed_dir(name), cache_build_dir(name)):
         manifest = _valid_build(directory, recipe)
         if manifest is not None:
-            return content_hash(manifest["files"])
-    return f"recipe:{recipe.digest()}"
+            return content_hash({"files": manifest["files"], **task}) if task else content_hash(manifest["files"])
+    return content_hash({"recipe": recipe.digest(), **task}) if task else f"recipe:{recipe.digest()}"
 
 
 def _toml_digest(spec: PairSpec) -> str:
@@ -608,7 +647,8 @@ register_pair_kind(PairKind(name="pruned", availability=_pretrained_availability
                             digest=lambda spec: content_hash({"weights": weights_digest("smollm2-135m"),
                                                               "prompts": TASKS["concise"].all_prompts(),
                                                               "dropped": PRUNED_BLOCKS}),
-                            description="a real checkpoint distilled into itself with decoder blocks removed"))
+                            description="a real checkpoint distilled into itself with decoder blocks removed",
+                            member=_pruned_member))
 register_pair_kind(PairKind(name="synthetic", availability=_always_available, load=_load_synthetic,
                             digest=_synthetic_digest,
                             description="small models trained here from scratch (committed or cached weights)"))

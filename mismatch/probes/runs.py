@@ -21,8 +21,8 @@ import pandas as pd
 
 from mismatch.errors import InputError
 from mismatch.model.layout import model_layout
-from mismatch.model.loader import LM, parse_dtype, weights_digest
-from mismatch.pairs.registry import load_member, member_spec
+from mismatch.model.loader import LM, parse_dtype
+from mismatch.pairs.registry import load_member, member_digest
 from mismatch.engines.source import open_source
 from mismatch.perturb import select
 from mismatch.rollout_spec import EngineConfig, parse_candidate, require_engines
@@ -151,9 +151,9 @@ def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:
 
 def model_digests(config: ProbeConfig) -> dict[str, str | None]:
     """`reference_sha256` and `candidate_sha256` (None without a candidate model): digests of the
-    weights the probe loads (`mismatch.model.loader.weights_digest`), part of its runs' ids."""
-    return {"reference_sha256": weights_digest(member_spec(config.reference)),
-            "candidate_sha256": weights_digest(member_spec(config.candidate)) if config.candidate else None}
+    weights the probe loads (`mismatch.pairs.registry.member_digest`), part of its runs' ids."""
+    return {"reference_sha256": member_digest(config.reference),
+            "candidate_sha256": member_digest(config.candidate) if config.candidate else None}
 
 
 def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:

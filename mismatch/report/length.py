@@ -1,8 +1,9 @@
 """The length law: how the tolerated per-token mismatch scales with response length (`mismatch.opd.length`).
 
 `write_length_report(levels, out_dir, families)` finds the ladders that differ only in response length — pairs
-that train the same models (`families(pair)` names them: the sortk rungs, 1, 4 and 20 blocks per problem, will
-share one build, experiments/length_ladder/) under the same loss and settings — and writes, when there are at
+that train the same models (`families(pair)` names them: pairs whose `PairSpec.build` is one build, as the
+sortk rungs, 1, 4 and 20 blocks per problem, are to be: experiments/length_ladder/) under the same loss and
+settings — and writes, when there are at
 least two lengths:
   * `length_law.csv` — per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl`,
     judged on the KL ratio alone (`kl_verdict`: one criterion at every length), with the law's exponent
@@ -21,13 +22,15 @@ import pandas as pd
 
 from mismatch.opd.length import brackets, length_law
 from mismatch.opd.tolerance import NOISE_FLOOR_SOURCE
+from mismatch.pairs.registry import PAIRS
 from mismatch.report.common import markdown_table
 
 
 def family(pair: str) -> str:
-    """The models a pair's runs train: no registered pair shares its models with another yet (the sortk
-    rungs will: experiments/length_ladder/), so each pair is its own."""
-    return pair
+    """The models a pair's runs train: the build a registered pair shares (`PairSpec.build`), else the
+    pair itself."""
+    spec = PAIRS.get(pair)
+    return (spec.build or pair) if spec is not None else pair
 
 
 def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, list[tuple[tuple, object]]]:

@@ -210,6 +210,31 @@ def test_smollm2_concise_pair_has_a_measurable_gap():
     assert teacher >= 0.7 and student <= 0.15, (teacher, student)
 
 
+@pytest.mark.smollm2
+def test_a_pruned_pairs_members_load_by_name_as_the_pair_loads_them():
+    """`smollm2-pruned:student` is no checkpoint (SmolLM2 less `PRUNED_BLOCKS`): `mismatch.load` builds it
+    through its pair kind, with the pair's weights, and its digest (part of a probe's id) is its own."""
+    import torch
+
+    from mismatch.pairs.registry import PRUNED_BLOCKS, member_digest, student_architecture
+
+    pair = mismatch.load_pair("smollm2-pruned")
+    for role in ("student", "teacher"):
+        lm = mismatch.load(f"smollm2-pruned:{role}")
+        assert lm.name == f"smollm2-pruned:{role}"
+        expected = getattr(pair, role).model.state_dict()
+        got = lm.model.state_dict()
+        assert list(got) == list(expected)
+        assert all(torch.equal(got[k], expected[k]) for k in got)
+    full = pair.teacher.model.config.num_hidden_layers
+    assert pair.student.model.config.num_hidden_layers == full - len(PRUNED_BLOCKS)
+    assert student_architecture("smollm2-pruned").config.num_hidden_layers == full - len(PRUNED_BLOCKS)
+    digests = {member_digest("smollm2-pruned:student"), member_digest("smollm2-pruned:teacher"),
+               member_digest("smollm2-135m")}
+    assert len(digests) == 3
+    assert member_digest("sort-gpt2:student") == registry.weights_digest(registry.member_spec("sort-gpt2:student"))
+
+
 def test_every_pair_kind_is_registered_once():
     assert list(PAIR_KINDS) == ["pretrained", "pruned", "synthetic", "preset", "toml"]
     assert {spec.kind for spec in PAIRS.values()} == {"pretrained", "pruned", "synthetic", "preset"}
