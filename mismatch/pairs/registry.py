@@ -420,6 +420,15 @@ def member_spec(spec: str, *, build: bool = True) -> str:
     return pair.student if role == "student" else pair.teacher
 
 
+def _built_member(spec: str) -> tuple[PairSpec, str] | None:
+    """`(pair, role)` when `spec` is `PAIR:ROLE` of a kind whose members are built, not named by a model spec
+    (`PairKind.member`); None otherwise. Raises what `member_spec` raises (type, unknown role)."""
+    member_spec(spec, build=False)  # checks the type and the role; builds nothing
+    name, _, role = os.fspath(spec).rpartition(":")
+    pair = PAIRS.get(name)
+    return (pair, role) if pair is not None and pair_kind(pair).member is not None else None
+
+
 def load_member(spec: str, **kwargs) -> LM:
     """Load a model from local files only: `mismatch.load`, which takes everything the CLI takes.
 
@@ -436,12 +445,12 @@ def load_member(spec: str, **kwargs) -> LM:
     Raises:
         ModelNotAvailableError, InputError: the spec cannot be resolved without the network.
     """
-    resolved = member_spec(spec)  # checks the type first
-    name, _, role = os.fspath(spec).rpartition(":")
-    if resolved == os.fspath(spec) and name in PAIRS and pair_kind(PAIRS[name]).member is not None:
-        lm = pair_kind(PAIRS[name]).member(PAIRS[name], role, kwargs.get("dtype", torch.float32))
+    built = _built_member(spec)
+    if built is not None:
+        pair, role = built
+        lm = pair_kind(pair).member(pair, role, kwargs.get("dtype", torch.float32))
     else:
-        lm = load(resolved, **kwargs)
+        lm = load(member_spec(spec), **kwargs)
     return LM(lm.model, lm.tokenizer, os.fspath(spec))
 
 
@@ -449,11 +458,10 @@ def member_digest(spec: str) -> str:
     """16 hex digits identifying the weights `load_member(spec)` reads, without loading them: the files'
     (`mismatch.model.loader.weights_digest`), or for a pair member that is not a checkpoint, the pair's
     data and the role."""
-    resolved = member_spec(spec)  # checks the type first
-    name, _, role = os.fspath(spec).rpartition(":")
-    if resolved == os.fspath(spec) and name in PAIRS and pair_kind(PAIRS[name]).member is not None:
-        return content_hash({"pair": pair_digest(name), "role": role})
-    return weights_digest(resolved)
+    built = _built_member(spec)
+    if built is not None:
+        return content_hash({"pair": pair_digest(built[0].name), "role": built[1]})
+    return weights_digest(member_spec(spec))
 
 
 def student_architecture(pair: str):
