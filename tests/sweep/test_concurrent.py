@@ -4,6 +4,7 @@ whose disk fills up (stopped in one line; the task is retried by `--resume`, not
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -92,18 +93,23 @@ def test_a_second_sweep_on_a_folder_being_swept_is_refused_in_one_line(tmp_path)
 @pytest.mark.slow
 def test_two_sweeps_started_on_one_folder_lose_nothing(tmp_path):
     """The issue's case, with real `mismatch sweep` processes: the second one exits 2 with one line, the first
-    ends with every row an uninterrupted sweep has; `--resume` then skips every task as done. (24 steps: the
-    first sweep is still running when the second, ~8 s of imports later, reaches the lock.)"""
+    ends with every row an uninterrupted sweep has; `--resume` then skips every task as done. The first sweep
+    is stopped (SIGSTOP) once it has written its first part, so it holds the lock, whatever the CPU's speed,
+    while the second starts; it is continued (SIGCONT) after the second has exited."""
     study = _study(tmp_path, steps=24, eval_every=8)
     out = tmp_path / "out"
     cmd = [str(Path(sys.executable).with_name("mismatch")), "sweep", str(study.path), "--out", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "_sweep" / ".lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert first.poll() is None, "the first sweep ended before the second one started: make it longer"
+    deadline = time.monotonic() + 300
+    while not list(out.glob("*.parquet")) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    first.send_signal(signal.SIGSTOP)  # past its lock: a part is written only by a sweep that holds it
+    try:
+        assert first.poll() is None, "the first sweep ended before its first part was seen: make it longer"
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGCONT)
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr[-2000:]
     assert second.returncode == 2
