@@ -1,5 +1,6 @@
 """Admission-check validation from a study's results alone: the fitted limits, the points they rest on,
-and leave-one-pair-out predictions against "always admit" (`mismatch.admission.thresholds`)."""
+and leave-one-pair-out predictions against "always admit" (`mismatch.admission.thresholds`); which
+candidate statistic predicts tolerance across sources (`mismatch.admission.transfer`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pandas as pd
 
 from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
-from mismatch.opd.tolerance import Analysis
+from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
+from mismatch.opd.tolerance import Analysis, analyse
 from mismatch.report.common import plus_minus
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -72,18 +74,41 @@ def write_admission_report(rows: pd.DataFrame, out_dir: str | Path, *, sources: 
                            tolerance: Tolerance = DEFAULT_TOLERANCE, analysis: Analysis | None = None
                            ) -> list[Path]:
     """Write `admission.md`, `admission_points.csv` and `admission_validation.csv` when the rows hold
-    judged OPD levels of static sources with first-step statistics; nothing otherwise. `analysis`: the
-    rows' `analyse` when the caller has it (`tolerance` is used only without one)."""
+    judged OPD levels of static sources with first-step statistics, and `admission_transfer.md` /
+    `admission_transfer.csv` (each candidate statistic's record across sources and pairs) when they hold
+    decided levels of both static and lagged sources; nothing otherwise. `analysis`: the rows' `analyse`
+    when the caller has it (`tolerance` is used only without one)."""
     out_dir = Path(out_dir)
+    opd = rows[rows["kind"] == "opd"].dropna(axis=1, how="all") if "kind" in rows else rows.iloc[:0]
+    if opd.empty:
+        return []
+    analysis = analysis if analysis is not None else analyse(opd, tolerance)
+    written = _transfer(opd, analysis, out_dir)
     try:
         t = thresholds_from_rows(rows, sources=sources, tolerance=tolerance, analysis=analysis)
     except NotEnoughDataError as exc:  # judged levels, but all on one side: say so, fit nothing
         (out_dir / "admission.md").write_text(f"# Admission check\n\nNo limit fitted: {exc}.\n", encoding="utf-8")
-        return [out_dir / "admission.md"]
+        return [out_dir / "admission.md", *written]
     except InputError:
+        return written
+    files = [out_dir / "admission.md", out_dir / "admission_points.csv", out_dir / "admission_validation.csv"]
+    files[0].write_text(admission_markdown(t), encoding="utf-8")
+    pd.DataFrame(t.points).to_csv(files[1], index=False)
+    pd.DataFrame(t.validation).to_csv(files[2], index=False)
+    return files + written
+
+
+def _transfer(rows: pd.DataFrame, analysis: Analysis, out_dir: Path) -> list[Path]:
+    """`admission_transfer.md` / `.csv` when both groups of sources have tolerated and not-tolerated
+    decided levels between them (else no limit can be fitted on one group and scored on the other)."""
+    if analysis.levels.empty:
         return []
-    written = [out_dir / "admission.md", out_dir / "admission_points.csv", out_dir / "admission_validation.csv"]
-    written[0].write_text(admission_markdown(t), encoding="utf-8")
-    pd.DataFrame(t.points).to_csv(written[1], index=False)
-    pd.DataFrame(t.validation).to_csv(written[2], index=False)
-    return written
+    points = level_points(rows, analysis.runs, analysis.levels)
+    decided = points[points["decided"]]
+    if decided["group"].nunique() < 2 or decided["tolerated"].nunique() < 2:
+        return []
+    table = transfer_table(points)
+    files = [out_dir / "admission_transfer.md", out_dir / "admission_transfer.csv"]
+    files[0].write_text(transfer_markdown(points, table), encoding="utf-8")
+    table.to_csv(files[1], index=False)
+    return files

@@ -1,0 +1,161 @@
+"""Which mismatch statistic predicts tolerance across sources (issue 34 §1)?
+
+The fitted limits (`mismatch.admission.thresholds`) rest on the first OPD step's statistics, which a stale
+or reused rollout copy cannot have: it equals the student until the first update, so it measures 0. The
+candidates here are measured where every source has its mismatch:
+
+* `first:S` — statistic S (`thresholds.STATISTICS`) at step 1, before any update: what the check measures
+  for a format today (0 for staleness and reuse by construction);
+* `window:S` — the mean of S over the `WINDOW` update steps after the rollout lag is full (steps K+1 … K+W
+  for `stale:K`, 1 … W otherwise): the same sampled-token estimator on the run's own rollouts, once a
+  stale copy is as old as it will be;
+* `window:seq_kl` — `window:mismatch_kl` × the level's mean response length: the per-sequence mismatch
+  (the bias bound of token-level importance sampling grows with it);
+* `copy:kl_fwd_mean`, `copy:tv_mean` — the rollout copy probed against the student over the full vocabulary
+  at the run's first evaluation after step 0 (`mismatch.opd.trainer.probe_copy`; none for reuse, whose
+  copy is not kept).
+
+Each candidate is scored by how well a one-sided limit fitted on some levels (`thresholds.fit_limit`) predicts
+decided levels it never saw: fitted on the static sources (formats, noise, engines) and applied to the lagged
+ones (staleness, reuse), the reverse, and leave one pair out — each against always admitting and always
+rejecting. Only decided levels count (`thresholds.labelled_points`' rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from mismatch.admission.thresholds import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit
+from mismatch.rollout_spec import RolloutSpec
+
+WINDOW = 10  # update steps after the lag is full that the window statistics average
+COPY_STATISTICS = ("copy_kl_fwd_mean", "copy_tv_mean")
+LEVEL_KEYS = ["pair", "source", "settings", "level"]
+
+
+def candidates() -> list[str]:
+    """The candidate statistics, in the order the tables list them."""
+    return [*(f"first:{s}" for s in STATISTICS), *(f"window:{s}" for s in STATISTICS), "window:seq_kl",
+            *(f"copy:{s.removeprefix('copy_')}" for s in COPY_STATISTICS)]
+
+
+def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
+    """Per OPD run (`run_id` index) the candidates measurable on its own rows (all but `window:seq_kl`,
+    which needs the level's response length): `first:S`, `window:S` and `copy:…`."""
+    opd = rows[(rows["kind"] == "opd") & (rows["level"] == "step")]
+    steps = opd[opd["metric"].isin([*STATISTICS, *COPY_STATISTICS])]
+    wide = steps.pivot_table(index=["run_id", "step"], columns="metric", values="value", aggfunc="last").reset_index()
+    configs = opd.groupby("run_id")[["rollout", "staleness"]].first()
+    lag = {r: RolloutSpec.parse(str(c["rollout"]), 0 if pd.isna(c["staleness"]) else int(c["staleness"])).staleness
+           for r, c in configs.iterrows()}  # `stale:K` as a spec or as the staleness field
+    wide["lag"] = wide["run_id"].map(lag).astype(int)
+    out = pd.DataFrame(index=pd.Index(sorted(wide["run_id"].unique()), name="run_id"))
+    stats = [s for s in STATISTICS if s in wide]
+    first = wide[wide["step"] == 1].set_index("run_id")
+    in_window = wide[(wide["step"] > wide["lag"]) & (wide["step"] <= wide["lag"] + window)]
+    means = in_window.groupby("run_id")[stats].mean()
+    for s in stats:
+        out[f"first:{s}"] = first[s].reindex(out.index)
+        out[f"window:{s}"] = means[s].reindex(out.index)
+    evaluated = wide[wide["step"] > 0]
+    for s in COPY_STATISTICS:
+        if s in evaluated:
+            seen = evaluated.dropna(subset=[s]).sort_values("step").groupby("run_id")[s].first()
+            out[f"copy:{s.removeprefix('copy_')}"] = seen.reindex(out.index)
+    return out
+
+
+def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
+    """One row per level of a static or lagged source: its verdict, `decided`, `tolerated`, `group`
+    (`static` / `lagged`), `response_tokens` and the mean over its seeds of every candidate.
+    `runs` / `levels`: the rows' `run_table` / `level_table` (`mismatch.opd.tolerance.analyse`)."""
+    stats = run_statistics(rows, window=window)
+    mine = runs[~runs["clean"] & runs["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
+    mine = mine[LEVEL_KEYS + ["run_id"]].join(stats, on="run_id")
+    means = mine.groupby(LEVEL_KEYS, sort=False)[list(stats.columns)].mean()
+    points = levels[levels["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
+    points = points[LEVEL_KEYS + ["loss", "verdict", "response_tokens"]].join(means, on=LEVEL_KEYS)
+    if "window:mismatch_kl" in points:
+        points["window:seq_kl"] = points["window:mismatch_kl"] * points["response_tokens"]
+    return points.assign(level=points["level"].map(str), decided=points["verdict"] != "uncertain",
+                         tolerated=points["verdict"] == "tolerated",
+                         group=np.where(points["source"].isin(LAGGED_SOURCES), "lagged", "static")).reset_index(drop=True)
+
+
+def _predict(train: pd.DataFrame, test: pd.DataFrame, statistic: str) -> dict[str, float]:
+    """The limit fitted on `train`'s decided levels and its record on `test`'s (levels where the
+    statistic exists), beside always admitting and always rejecting."""
+    limit = fit_limit(train[statistic].to_numpy(dtype=float), train["tolerated"].to_numpy(dtype=bool))
+    test = test[np.isfinite(test[statistic].to_numpy(dtype=float))]
+    x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
+    admit = x <= limit
+    return {"limit": limit, "levels": len(test), "right": int((admit == y).sum()),
+            "wrong_admits": int((admit & ~y).sum()), "wrong_rejects": int((~admit & y).sum()),
+            "always_admit": int(y.sum()), "always_reject": int((~y).sum())}
+
+
+def transfer_table(points: pd.DataFrame, statistics: list[str] | None = None) -> pd.DataFrame:
+    """Per candidate and scheme, the record of a limit on levels it was not fitted on: `static → lagged`,
+    `lagged → static`, `leave one pair out` (summed over the held-out pairs; `limit` NaN there) and, for
+    reference, `in sample` (fitted and scored on every decided level)."""
+    decided = points[points["decided"]]
+    out = []
+    for s in statistics or [c for c in candidates() if c in decided and decided[c].notna().any()]:
+        schemes = [("static → lagged", decided[decided["group"] == "static"], decided[decided["group"] == "lagged"]),
+                   ("lagged → static", decided[decided["group"] == "lagged"], decided[decided["group"] == "static"]),
+                   ("in sample", decided, decided)]
+        for name, train, test in schemes:
+            out.append({"statistic": s, "scheme": name, **_predict(train, test, s)})
+        parts = [_predict(decided[decided["pair"] != p], decided[decided["pair"] == p], s)
+                 for p in sorted(decided["pair"].unique())]
+        total = {k: sum(part[k] for part in parts) for k in ("levels", "right", "wrong_admits", "wrong_rejects",
+                                                              "always_admit", "always_reject")}
+        out.append({"statistic": s, "scheme": "leave one pair out", "limit": math.nan, **total})
+    return pd.DataFrame(out)
+
+
+def ranking(table: pd.DataFrame) -> pd.DataFrame:
+    """Candidates ordered by levels right across sources (both directions of `static ↔ lagged` summed),
+    then leave one pair out: `across_sources`, `across_sources_levels`, `lopo`, `lopo_levels`."""
+    wide = table.pivot_table(index="statistic", columns="scheme", values=["right", "levels"], aggfunc="sum")
+    both = ["static → lagged", "lagged → static"]
+    frame = pd.DataFrame({"across_sources": wide["right"][both].sum(axis=1),
+                          "across_sources_levels": wide["levels"][both].sum(axis=1),
+                          "lopo": wide["right"]["leave one pair out"], "lopo_levels": wide["levels"]["leave one pair out"]})
+    return frame.sort_values(["across_sources", "lopo"], ascending=False)
+
+
+def transfer_markdown(points: pd.DataFrame, table: pd.DataFrame, *, window: int = WINDOW) -> str:
+    """The comparison as Markdown: the decided levels per group, each candidate's record per scheme."""
+    decided = points[points["decided"]]
+    counts = decided.groupby(["group", "tolerated"]).size()
+
+    def n(group: str, tol: bool) -> int:
+        return int(counts.get((group, tol), 0))
+
+    lines = ["# Which statistic predicts tolerance across sources", "",
+             f"Decided levels: static sources (formats, noise, engines) {n('static', True)} tolerated, "
+             f"{n('static', False)} not; lagged sources (staleness, reuse) {n('lagged', True)} tolerated, "
+             f"{n('lagged', False)} not; {len(points) - len(decided)} undecided levels not used. `first:` is the "
+             f"statistic at step 1 (before any update: 0 for a lagged copy); `window:` its mean over the {window} "
+             "update steps after the lag is full; `seq_kl` the window's `mismatch_kl` × the level's mean response "
+             "length; `copy:` the full-vocabulary probe of the copy at the first evaluation after step 0. Each "
+             "cell: levels right / levels, the limit fitted on the training side, and (in brackets) always "
+             "admitting / always rejecting on the same levels.", "",
+             "| statistic | static → lagged | lagged → static | leave one pair out | in sample |", "|---|---|---|---|---|"]
+    for s, group in table.groupby("statistic", sort=False):
+        cells = []
+        for scheme in ("static → lagged", "lagged → static", "leave one pair out", "in sample"):
+            r = group[group["scheme"] == scheme].iloc[0]
+            limit = "" if math.isnan(r["limit"]) else f" at ≤ {r['limit']:.3g}"
+            cells.append(f"{r['right']}/{r['levels']}{limit} ({r['always_admit']} / {r['always_reject']})")
+        lines.append(f"| `{s}` | " + " | ".join(cells) + " |")
+    best = ranking(table)
+    top = best.index[0]
+    lines += ["", f"Best across sources: `{top}` ({best.loc[top, 'across_sources']} of "
+              f"{best.loc[top, 'across_sources_levels']} levels right when fitted on the other group; "
+              f"{best.loc[top, 'lopo']} of {best.loc[top, 'lopo_levels']} leaving one pair out)."]
+    return "\n".join(lines) + "\n"
