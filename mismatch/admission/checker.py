@@ -12,9 +12,12 @@ mismatch statistics of those sampled tokens with limits:
 
 Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
 passes when the whole interval lies at or below its limit, fails when the whole interval lies above,
-and is uncertain otherwise. Staleness and reuse cannot be measured before training (no update to lag
-behind yet); given `staleness=K` / `reuse=R`, the check carries over the study's measured verdict of
-that level (sort-gpt2, its default settings) and says so.
+and is uncertain otherwise. Staleness and reuse cannot be seen in the checkpoint alone (no update to lag
+behind yet). Given a teacher, the check measures them on the checkpoint (`mismatch.admission.lagged`: the
+pipeline's first OPD steps under the user's trainer settings, the study's own step) and judges the window
+statistic against the limit fitted on every source (`Thresholds.window_limits`). Without one it carries
+over the study's verdict of that level only where the study ran the user's settings (`Pipeline.trainer`:
+lr, β1, loss, TIS), and is uncertain otherwise.
 
 `check(model, rollout=None, rollouts=FILE)` judges a real engine instead: its rollout dump (sampled
 tokens with the engine's own log-probs, `mismatch.engines`) is the calibration set, scored by the
@@ -35,7 +38,9 @@ from mismatch.admission.calibration import (CalibrationSettings, calibration_pro
                                             small_calibration_notes, wanted_tokens)
 from mismatch.rollout_cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
-from mismatch.admission.judge import Decision, combine_status, judge, resolve_gates
+from mismatch.admission.judge import Decision, combine_status, decide, judge, resolve_gates
+from mismatch.admission.lagged import TrainerSettings, measure_lag
+from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.engines import score_rollouts
@@ -43,7 +48,7 @@ from mismatch.engines.source import open_source
 from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
 from mismatch.model.loader import LM
-from mismatch.pairs.registry import load_member
+from mismatch.pairs.registry import check_same_vocabulary, load_member
 from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
 from mismatch.rollout_spec import RolloutSpec
@@ -93,49 +98,88 @@ def _carried(source: str, level: int, status: str, note: str, r: dict | None = N
                     source="the study's verdict, carried over (Δ accuracy; notes)", status=status), note
 
 
-def _lagged_decision(thresholds: Thresholds, source: str, level: int) -> tuple[Decision, str]:
-    """The study's verdict of `source` at `level` on its default settings, as (decision, note)."""
+def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: TrainerSettings) -> tuple[Decision, str]:
+    """The study's verdict of `source` at `level` under the user's trainer settings, as (decision, note):
+    uncertain, saying so, where the study ran no such level at those settings."""
     rows = [r for r in thresholds.lagged if r["source"] == source]
     if not rows:
         return _carried(source, level, "uncertain", f"{source}:{level}: the thresholds' study measured no {source} levels")
-    by_settings: dict[str, list[dict]] = {}
-    for r in rows:
-        by_settings.setdefault(r["settings"], []).append(r)
-    # the settings the level ladder ran with; among equally long ladders the one at OPD's default
-    # of no TIS (the study runs reuse with and without it)
-    ladder = max(by_settings.values(), key=lambda rs: (len(rs), "tis_cap off" in rs[0]["settings"]))
-    match = [r for r in ladder if float(r["level"]) == float(level)]
+    wanted = _settings_words(trainer)
+    match = [r for r in rows if float(r["level"]) == float(level) and wanted <= _words(r["settings"])]
     if not match:
-        levels = ", ".join(str(r["level"]) for r in ladder)
-        return _carried(source, level, "uncertain", f"{source}:{level} was not measured by the study (levels {levels})")
+        studied = sorted({r["settings"] for r in rows if float(r["level"]) == float(level)})
+        return _carried(source, level, "uncertain",
+                        f"{source}:{level}: no study covers {trainer.describe()} (studied at this level: "
+                        f"{'; '.join(studied) or 'none'}); give --teacher to measure it on this checkpoint")
     r = match[0]
     status = {"tolerated": "admit", "not tolerated": "reject"}.get(r["verdict"], "uncertain")
     acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
         f"Δ accuracy {100 * r['acc_delta']:+.1f} ± {100 * r['acc_delta_hw']:.1f} pts, ")
-    note = (f"{source}:{level} cannot be measured before training; carried over from the study: {r['pair']}, "
-            f"{r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over {r['seeds']} "
-            f"seeds → {r['verdict']}")
+    note = (f"{source}:{level} not measured on this checkpoint (no --teacher); carried over from the study at the "
+            f"same settings: {r['pair']}, {r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± "
+            f"{r['kl_ratio_hw']:.3f} over {r['seeds']} seeds → {r['verdict']}")
     return _carried(source, level, status, note, r)
+
+
+def _words(settings: str) -> set[str]:
+    """A level's settings text (`loss full-rkl, lr 0.001, …`) as its `name value` items."""
+    return {part.strip() for part in settings.split(",")}
+
+
+def _settings_words(trainer: TrainerSettings) -> set[str]:
+    """The trainer settings as the study's settings text writes them (`mismatch.opd.tolerance.short_text`)."""
+    return _words(trainer.describe())
+
+
+def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, pipeline: Pipeline, cal, sample: dict,
+                  say: Callable[[str], None]) -> tuple[Decision, str]:
+    """The pipeline's lag measured on the checkpoint (`measure_lag`), judged against the window limit of
+    the thresholds' primary statistic."""
+    _, teacher_lm = _loaded(teacher, sample["seed"])
+    check_same_vocabulary(lm, teacher_lm, f"{name} and its teacher")
+    K, R = pipeline.staleness, pipeline.reuse
+    say(f"measuring staleness {K} and reuse {R} on {name}: {K + WINDOW} OPD steps against {teacher_lm.name}")
+    lag = measure_lag(lm, teacher_lm, cal.texts, staleness=K, reuse=R, settings=pipeline.trainer, chat=sample["chat"],
+                      context=sample["context"], max_new_tokens=sample["max_new_tokens"], seed=sample["seed"])
+    primary = thresholds.primary
+    value, low, high = lag.statistics[primary]
+    limit = thresholds.window_limits.get(primary, math.nan)
+    status = decide(value, low, high, limit) if not math.isnan(limit) else "uncertain"
+    label = "+".join(p for p in (f"stale:{K}" if K else "", f"reuse:{R}" if R > 1 else "") if p)
+    decision = Decision(metric=f"measured/{label}/window:{primary}", value=value, low=low, high=high, limit=limit,
+                        source=f"window limit ({thresholds.fitted_on})", status=status)
+    first, last = lag.window
+    note = (f"{label} measured on this checkpoint: {lag.steps} OPD steps against {teacher_lm.name} at "
+            f"{pipeline.trainer.describe()} (constant rate), {primary} averaged over steps {first}–{last}: "
+            f"{value:.4g} [{low:.4g}, {high:.4g}]" + ("" if not math.isnan(limit) else
+                                                      "; the thresholds hold no window limit: uncertain"))
+    return decision, note
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The intended pipeline's lag and reuse, which cannot be measured before training: K ≥ 0 optimizer
-    steps of staleness, R ≥ 1 steps per rollout batch (the check carries over the study's verdict)."""
+    """The intended pipeline's lag and reuse: K ≥ 0 optimizer steps of staleness, R ≥ 1 steps per rollout
+    batch, and the trainer settings a lag depends on (measured with a teacher, else matched to the study)."""
 
     staleness: int = 0
     reuse: int = 1
+    trainer: TrainerSettings = TrainerSettings()
 
     def __post_init__(self) -> None:
         if self.staleness < 0 or self.reuse < 1:
             raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {self.staleness}, {self.reuse}")
+
+    @property
+    def lags(self) -> bool:
+        """The rollouts lag the trained weights (staleness or reuse)."""
+        return self.staleness > 0 or self.reuse > 1
 
 
 def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear",
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
           seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
-          progress: Callable[[str], None] | None = None) -> Admission:
+          teacher: str | LM | None = None, progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -144,7 +188,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             …); the lag and reuse are the `pipeline`'s. None: `DEFAULT_ROLLOUT`, unless `rollouts` is given.
         layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
         calibration: which prompts, how many, how many new tokens, chat or not (`CalibrationSettings`).
-        pipeline: the intended pipeline's staleness K and reuse R (carried over from the study).
+        pipeline: the intended pipeline's staleness K, reuse R and trainer settings.
         thresholds: fitted limits (a `Thresholds`, a thresholds JSON file, or `{metric: limit}`);
             default: the shipped ones.
         presets: practitioners' gates to apply too (`verl`, `slime`, `nemo-rl`).
@@ -156,6 +200,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
             the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
+        teacher: the OPD teacher (a model spec or an LM): with it a lag or reuse is measured on `model`
+            (`mismatch.admission.lagged`), without it carried over from the study where its settings match.
         progress: `progress(message)` as each stage starts (loading, sampling, scoring, the recipe's
             search): the CLI prints them on stderr.
 
@@ -186,7 +232,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
                   clip=clip)
     say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {spec} [{layers}], scoring them")
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
-    lagged = _lagged(table, pipeline)
+    lagged = _lagged(table, pipeline) if teacher is None or not pipeline.lags else [
+        _measured_lag(lm, name, teacher, table, pipeline, cal, sample, say)]
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
             "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
     decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
@@ -228,7 +275,7 @@ def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresho
 
 def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]:
     """The study's carried-over verdicts of the pipeline's lag and reuse (none for K = 0, R = 1)."""
-    return [_lagged_decision(table, source, level) for source, level, off in
+    return [_lagged_decision(table, source, level, pipeline.trainer) for source, level, off in
             (("stale", pipeline.staleness, 0), ("reuse", pipeline.reuse, 1)) if level != off]
 
 

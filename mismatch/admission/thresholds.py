@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, bracket, confusion, fit_limit
+from mismatch.admission.transfer import WINDOW, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
 from mismatch.opd.tolerance import Analysis, analyse
@@ -39,11 +41,7 @@ from mismatch.results import read_results
 from mismatch.version import __version__
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
-STATISTICS = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
-              "mismatch_is_ratio_outside_frac")
 PRIMARY = "mismatch_kl"
-STATIC_SOURCES = ("format", "engine", "noise")  # measurable before any update
-LAGGED_SOURCES = ("stale", "reuse")
 DEFAULT_FILE = Path(__file__).resolve().parent.parent / "data" / "admission_thresholds.json"
 
 
@@ -60,6 +58,12 @@ class Thresholds:
     validation: list[dict]
     lagged: list[dict]
     provenance: dict = field(default_factory=dict)
+    # the window statistics (`mismatch.admission.transfer`: the mean over the WINDOW update steps after the
+    # rollout lag is full) fitted on every decided level, lagged sources too: what a lag measured on the
+    # user's checkpoint (`mismatch.admission.lagged`) is judged against; `window_brackets` as `brackets`
+    window_limits: dict[str, float] = field(default_factory=dict)
+    window_brackets: dict[str, list[float]] = field(default_factory=dict)
+    window_steps: int = WINDOW
 
     @property
     def fitted_on(self) -> str:
@@ -146,50 +150,6 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     return points.reset_index(drop=True)
 
 
-def fit_limit(x: np.ndarray, tolerated: np.ndarray) -> float:
-    """The one-sided limit (admit when x ≤ limit) that best separates `tolerated` (bool) from not:
-    the midpoint of the best split by balanced accuracy (geometric between positive values, else
-    arithmetic), widest log gap among ties (a split at or below 0 has no scale and loses ties).
-    The largest tolerated value when no point is not tolerated, or when no split beats "always
-    admit" (balanced accuracy 0.5); just below the smallest value when no point is tolerated; NaN
-    when there is no point."""
-    x, tolerated = np.asarray(x, dtype=float), np.asarray(tolerated, dtype=bool)
-    keep = np.isfinite(x)
-    x, tolerated = x[keep], tolerated[keep]
-    if len(x) == 0:
-        return math.nan
-    if tolerated.all():
-        return float(x.max())
-    if not tolerated.any():
-        low = float(x.min())
-        return low / 2.0 if low > 0 else float(np.nextafter(low, -np.inf))
-    values = np.unique(x)
-    best, best_key = math.nan, (-1.0, -math.inf)
-    for lo, hi in zip(values[:-1], values[1:]):
-        admit = x <= lo
-        bal = 0.5 * (admit[tolerated].mean() + (~admit[~tolerated]).mean())
-        key = (round(bal, 12), math.log(hi) - math.log(lo) if lo > 0 else -math.inf)
-        if key > best_key:
-            best, best_key = (math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2.0), key
-    if best_key[0] <= 0.5:  # anti-predictive or no better than admitting everything
-        return float(x[tolerated].max())
-    return best
-
-
-def bracket(x: np.ndarray, tolerated: np.ndarray, limit: float) -> list[float]:
-    """`[largest tolerated value ≤ limit, smallest not-tolerated value > limit]` (NaN where none):
-    any limit inside separates the points as well; the data say no more."""
-    x, tolerated = np.asarray(x, dtype=float), np.asarray(tolerated, dtype=bool)
-    below, above = x[tolerated & (x <= limit)], x[~tolerated & (x > limit)]
-    return [float(below.max()) if len(below) else math.nan, float(above.min()) if len(above) else math.nan]
-
-
-def _confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, int]:
-    admit = x <= limit
-    return {"admit_tolerated": int((admit & tolerated).sum()), "admit_not": int((admit & ~tolerated).sum()),
-            "reject_tolerated": int((~admit & tolerated).sum()), "reject_not": int((~admit & ~tolerated).sum())}
-
-
 def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
     """Leave one pair out, each pair in turn: the limit fitted on the other pairs, its confusion
     counts on the held-out pair's levels, its accuracy and that of always admitting."""
@@ -198,7 +158,7 @@ def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
         train, test = points[points["pair"] != pair], points[points["pair"] == pair]
         limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
         x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
-        conf = _confusion(x, y, limit)
+        conf = confusion(x, y, limit)
         out.append({"statistic": statistic, "held_out": pair, "limit": limit, "levels": len(test), **conf,
                     "accuracy": (conf["admit_tolerated"] + conf["reject_not"]) / max(len(test), 1),
                     "always_admit_accuracy": float(y.mean()) if len(y) else math.nan})
@@ -253,6 +213,12 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     limits = {s: fit_limit(decided[s].to_numpy(), decided["tolerated"].to_numpy()) for s in stats}
     brackets = {s: bracket(decided[s].to_numpy(), decided["tolerated"].to_numpy(), limits[s]) for s in stats}
     validation = [v for s in stats for v in validate(decided, s)]
+    every = level_points(rows, runs, levels)  # all sources, with the window statistics
+    every = every[every["decided"]]
+    window = {s: fit_limit(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy()) for s in stats
+              if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
+    window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
+                       for s, v in window.items()}
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
@@ -262,7 +228,8 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                             f"points and of the KL ratio against {1 + tolerance.kl_tol:g}); fitted on decided levels "
                             f"only: {len(decided)} of {len(points)}")}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
-                      validation=validation, lagged=lagged_verdicts(levels), provenance=provenance)
+                      validation=validation, lagged=lagged_verdicts(levels), provenance=provenance,
+                      window_limits=window, window_brackets=window_brackets)
 
 
 def _digest(ids: list[str]) -> str:

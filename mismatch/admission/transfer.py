@@ -28,12 +28,19 @@ import math
 import numpy as np
 import pandas as pd
 
-from mismatch.admission.thresholds import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit
+from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit
 from mismatch.rollout_spec import RolloutSpec
 
 WINDOW = 10  # update steps after the lag is full that the window statistics average
 COPY_STATISTICS = ("copy_kl_fwd_mean", "copy_tv_mean")
 LEVEL_KEYS = ["pair", "source", "settings", "level"]
+
+
+def window_steps(staleness: int, window: int = WINDOW) -> tuple[int, int]:
+    """The first and last update step (1-based, inclusive) the window statistics average: the `window`
+    steps after a lag of `staleness` steps is full (a `stale:K` copy serves the initial weights until step
+    K+1). Reuse has no lag of its own here: its window starts at step 1, fresh and reused batches alike."""
+    return staleness + 1, staleness + window
 
 
 def candidates() -> list[str]:
@@ -55,7 +62,8 @@ def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     out = pd.DataFrame(index=pd.Index(sorted(wide["run_id"].unique()), name="run_id"))
     stats = [s for s in STATISTICS if s in wide]
     first = wide[wide["step"] == 1].set_index("run_id")
-    in_window = wide[(wide["step"] > wide["lag"]) & (wide["step"] <= wide["lag"] + window)]
+    bounds = wide["lag"].map(lambda k: window_steps(k, window))
+    in_window = wide[(wide["step"] >= bounds.str[0]) & (wide["step"] <= bounds.str[1])]
     means = in_window.groupby("run_id")[stats].mean()
     for s in stats:
         out[f"first:{s}"] = first[s].reindex(out.index)

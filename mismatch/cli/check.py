@@ -22,8 +22,15 @@ def check(
                                                        "score-rollouts`).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
     layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
-    staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (carried over from the study).")] = 0,
-    reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (carried over from the study).")] = 1,
+    staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (measured with --teacher, else "
+                                                "carried over from the study at the same settings).")] = 0,
+    reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (as --staleness).")] = 1,
+    teacher: Annotated[str | None, typer.Option(help="The OPD teacher: measure --staleness / --reuse on MODEL by "
+                                                     "running the pipeline's first OPD steps.")] = None,
+    lr: Annotated[float, typer.Option(help="The trainer's learning rate (a lag depends on it).")] = 1e-3,
+    adam_beta1: Annotated[float, typer.Option(help="The trainer's AdamW β1.")] = 0.9,
+    loss: Annotated[str, typer.Option(help="The trainer's OPD loss (full-rkl, pg-rkl, pg-rkl-is, …).")] = "full-rkl",
+    tis_cap: Annotated[float | None, typer.Option(help="The trainer's truncated importance-sampling cap (default off).")] = None,
     preset: Annotated[list[str] | None, typer.Option(help="Also apply practitioners' gates: verl, slime, nemo-rl.")] = None,
     thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`).")] = None,
     n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
@@ -36,19 +43,20 @@ def check(
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
     Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
-    early(models=(model,), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
+    early(models=(model, *((teacher,) if teacher else ())), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
                                                      ("thresholds file not found: {path}", thresholds),
                                                      ("rollouts file not found: {path}", rollouts)))
     from mismatch import admission as admission_lib
     from mismatch.cli import tables as console
 
+    trainer = admission_lib.TrainerSettings(lr=lr, adam_beta1=adam_beta1, loss=loss, tis_cap=tis_cap)
     with stages(f"checking {rollout or rollouts} on {model}") as say:
         calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
-                                        pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse),
+                                        pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
-                                        rollouts=rollouts, progress=say)
+                                        rollouts=rollouts, teacher=teacher, progress=say)
     if json_out:
         typer.echo(json_text(admission.to_dict()))
     else:

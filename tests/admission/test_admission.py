@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import mismatch
 from mismatch.admission import Thresholds, check
+from mismatch.admission.lagged import TrainerSettings
 from mismatch.admission.judge import combine_status, decide
 from mismatch.cli.app import app
 from mismatch.errors import InputError
@@ -80,7 +81,8 @@ def test_decision_rules():
     assert combine_status([]) == "uncertain"
 
 
-LAGGED = [{"pair": "sort-gpt2", "source": "stale", "settings": "lr 0.001", "level": k, "seeds": 3,
+STUDIED = "loss full-rkl, lr 0.001, adam_beta1 0.9, tis_cap off"  # the study's settings text: TrainerSettings()'s
+LAGGED = [{"pair": "sort-gpt2", "source": "stale", "settings": STUDIED, "level": k, "seeds": 3,
            "acc_delta": d, "acc_delta_hw": 0.01, "kl_ratio": 1.0, "kl_ratio_hw": 0.01, "verdict": v}
           for k, d, v in ((1, -0.001, "tolerated"), (2, -0.08, "not tolerated"))]
 
@@ -97,8 +99,68 @@ def test_staleness_carries_over_the_study_verdict(k, status):
     assert got.to_dict()["decisions"][-1]["metric"] == (f"study/stale:{k}" if k else "mismatch_kl")
 
 
+def test_a_lag_at_settings_no_study_ran_is_uncertain_and_says_which():
+    """A carried-over verdict holds only for the settings it was measured at: at lr 3e-4 (or β1 0) the
+    study's stale:1 verdict at lr 1e-3 says nothing, so the check is uncertain and names both."""
+    lm = mismatch.load("tiny-llama")
+    for trainer in (TrainerSettings(lr=3e-4), TrainerSettings(adam_beta1=0.0), TrainerSettings(loss="pg-rkl-is")):
+        got = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=4),
+                    pipeline=Pipeline(staleness=1, trainer=trainer), thresholds=_thresholds(1.0, LAGGED))
+        assert got.status == "uncertain" and got.decisions[-1].metric == "study/stale:1"
+        assert f"no study covers {trainer.describe()}" in got.notes[-1] and STUDIED in got.notes[-1]
+
+
+class _BothSplits:
+    """PROMPTS as train and held-out prompts: `opd.train` evaluates at steps 0 and last (its own seeds)."""
+
+    def count(self, split):
+        return len(PROMPTS)
+
+    def prompts(self, split, n, seed=0):
+        return PROMPTS[:n]
+
+
+def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_restored():
+    """With a teacher the check runs the pipeline's first K + WINDOW OPD steps (the study's step) and judges
+    the window's mismatch_kl against the window limit; its value is the mean of what `opd.train` logs at those
+    steps for the same run, a rate too small to move fp32 weights measures ~0, and the checkpoint's weights
+    are the same bit for bit afterwards."""
+    from mismatch.admission.transfer import WINDOW
+    from mismatch.opd.config import OPDConfig
+    from mismatch.opd.trainer import train
+    from mismatch.pairs.registry import Pair
+
+    lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    table = _thresholds(1.0, LAGGED)
+    table.window_limits = {"mismatch_kl": 0.5}
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
+    got = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=3e-2)),
+                thresholds=table, teacher=teacher, seed=4)
+    assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
+    lag = got.decisions[-1]
+    assert lag.metric == "measured/stale:2/window:mismatch_kl" and lag.limit == 0.5
+    assert lag.low <= lag.value <= lag.high and lag.value > 1e-3  # lr 3e-2 moves a tiny model
+    assert "measured on this checkpoint" in got.notes[-1] and "lr 0.03" in got.notes[-1]
+    # the same run through opd.train on a copy of the checkpoint: the window's mean of its logged values
+    copy = mismatch.load("tiny-llama")
+    config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
+                       batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100)
+    pair = Pair(name="check", student=copy, teacher=teacher, task=None, prompt_source=_BothSplits(), max_new_tokens=6)
+    rows = train(config, pair=pair)
+    logged = [r["value"] for r in rows if r["metric"] == "mismatch_kl" and 3 <= r["step"] <= 2 + WINDOW]
+    assert len(logged) == WINDOW and lag.value == pytest.approx(sum(logged) / WINDOW, rel=1e-6)
+    still = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=1e-30)),
+                  thresholds=table, teacher=teacher, seed=4)
+    assert abs(still.decisions[-1].value) < 1e-5 and still.decisions[-1].status == "admit"
+
+
 def test_bad_input_is_a_clear_error():
     lm = mismatch.load("tiny-llama")
+    with pytest.raises(InputError, match="unknown loss 'kl'"):
+        TrainerSettings(loss="kl")
+    with pytest.raises(InputError, match="lr > 0"):
+        TrainerSettings(lr=0.0)
     with pytest.raises(InputError, match="apart from the rollout spec"):
         check(lm, "stale:1", calibration=CalibrationSettings(prompts=PROMPTS))
     with pytest.raises(InputError, match="unknown"):
@@ -135,13 +197,16 @@ def test_judge_checks_its_inputs_and_one_sequence_gives_no_interval():
 
 def test_reuse_carries_over_the_verdict_at_the_default_without_tis():
     rows = [{**LAGGED[0], "source": "reuse", "level": 2, "settings": settings, "verdict": verdict}
-            for settings, verdict in (("lr 0.001, tis_cap 2", "tolerated"), ("lr 0.001, tis_cap off", "not tolerated"))]
+            for settings, verdict in ((STUDIED.replace("tis_cap off", "tis_cap 2"), "tolerated"), (STUDIED, "not tolerated"))]
     got = check(mismatch.load("tiny-llama"), "noise:0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=4), pipeline=Pipeline(reuse=2), thresholds=_thresholds(1.0, rows))
     assert got.status == "reject" and "tis_cap off" in got.notes[-1]
 
 
 @pytest.mark.parametrize("args, code", [(["--rollout", "noise:0"], 0), (["--rollout", "noise:2.0"], 1),
                                         (["--rollout", "noise:0", "--staleness", "3"], 3),
+                                        # measured, but these thresholds hold no window limit to judge it by
+                                        (["--rollout", "noise:0", "--staleness", "1", "--teacher", "tiny-llama"], 3),
+                                        (["--rollout", "noise:0", "--staleness", "1", "--loss", "kl"], 2),
                                         (["--rollout", "bogus:1"], 2)])
 def test_cli_exit_codes_and_json(tmp_path, args, code):
     path = _thresholds(1e-3).to_json(tmp_path / "t.json")

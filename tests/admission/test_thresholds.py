@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mismatch.admission.thresholds import Thresholds, bracket, fit_limit, thresholds_from_rows, validate
+from mismatch.admission.limits import bracket, fit_limit
+from mismatch.admission.thresholds import Thresholds, thresholds_from_rows, validate
 from mismatch.opd.config import OPDConfig
 from mismatch.results import tidy
 

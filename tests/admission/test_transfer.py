@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mismatch.admission.thresholds import fit_limit
+from mismatch.admission.limits import fit_limit
 from mismatch.admission.transfer import level_points, ranking, run_statistics, transfer_table
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.tolerance import analyse

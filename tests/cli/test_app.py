@@ -287,7 +287,8 @@ HIDDEN = {
         "rollout",  # given as --rollout (repeatable: one run per spec)
         "warmup_steps", "decay", "final_lr_frac", "weight_decay", "adam_beta1", "grad_clip", "max_new_tokens",
         "train_prompts", "eval_greedy", "eval_probe", "clip", "chunk_tokens")},
-    "check": {"chat": "decided by the tokenizer (a chat template means chat), as the study's calibration was"},
+    "check": {"chat": "decided by the tokenizer (a chat template means chat), as the study's calibration was",
+              "trainer": "its fields are options of their own (--lr, --adam-beta1, --loss, --tis-cap)"},
     "monitor": {},
 }
 RENAMED = {"probe": {"text": "texts"}}  # CLI option → config field
@@ -297,6 +298,7 @@ RENAMED = {"probe": {"text": "texts"}}  # CLI option → config field
                                              ("opd", "mismatch.opd.config:OPDConfig"),
                                              ("check", "mismatch.admission.calibration:CalibrationSettings"),
                                              ("check", "mismatch.admission.checker:Pipeline"),
+                                             ("check", "mismatch.admission.lagged:TrainerSettings"),
                                              ("monitor", "mismatch.monitor.settings:MonitorSettings")])
 def test_every_config_field_is_an_option_with_the_config_default_or_hidden_with_a_reason(command, config):
     """Defaults and help live on the config fields: each CLI option that sets a field has the field's default,

@@ -1,0 +1,125 @@
+"""Staleness and reuse measured on the user's checkpoint (issue 34 §2).
+
+A stale rollout copy equals the student until the student moves, so no statistic of the checkpoint alone
+can see it. Given a teacher, `measure_lag` runs the pipeline's first `K + WINDOW` OPD steps from the
+checkpoint on the calibration prompts — the study's own step (`mismatch.opd.trainer.opd_step`: the ring of
+past weights for `stale:K`, the kept batch for `reuse:R`), under the user's learning rate, AdamW β1 and
+loss at a constant rate (a warm-up would hide the lag the pipeline lives with after it) — and averages each
+sampled-token statistic over the window the study's window statistics use (`transfer.window_steps`), with a
+t-interval over those steps. The check judges it against the window limit fitted on every source
+(`Thresholds.window_limits`). The checkpoint's weights are restored bit for bit afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from mismatch.admission.limits import STATISTICS
+from mismatch.admission.transfer import WINDOW, window_steps
+from mismatch.errors import InputError
+from mismatch.model.loader import LM
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.losses import get_loss
+from mismatch.opd.tolerance import t_interval
+from mismatch.pairs.registry import Pair
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The user's trainer, as far as a lag depends on it: learning rate, AdamW β1, loss (names as `opd`'s
+    and the study files'), TIS cap. Defaults: `OPDConfig`'s."""
+
+    lr: float = OPDConfig.lr
+    adam_beta1: float = OPDConfig.adam_beta1
+    loss: str = OPDConfig.loss
+    tis_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            get_loss(self.loss)
+        except ValueError as exc:  # the registry's one line, naming the registered losses
+            raise InputError(str(exc)) from None
+        if not self.lr > 0 or not 0 <= self.adam_beta1 < 1 or (self.tis_cap is not None and self.tis_cap <= 0):
+            raise InputError(f"trainer settings need lr > 0, 0 ≤ adam_beta1 < 1 and tis_cap > 0, got lr {self.lr:g}, "
+                             f"adam_beta1 {self.adam_beta1:g}, tis_cap {self.tis_cap}")
+
+    def describe(self) -> str:
+        tis = "off" if self.tis_cap is None else f"{self.tis_cap:g}"
+        return f"lr {self.lr:g}, adam_beta1 {self.adam_beta1:g}, loss {self.loss}, tis_cap {tis}"
+
+
+@dataclass
+class LagMeasurement:
+    """Each statistic's mean over the window steps and its 95% t-interval over them (`statistics`:
+    name → (mean, low, high)), the steps run and the window, and every step's values (`per_step`)."""
+
+    staleness: int
+    reuse: int
+    settings: TrainerSettings
+    steps: int
+    window: tuple[int, int]  # first and last step averaged
+    statistics: dict[str, tuple[float, float, float]]
+    per_step: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    """The calibration prompts as a pair's prompt source: all of them train, none held out."""
+
+    items: tuple[str, ...]
+
+    def count(self, split: str) -> int:
+        return len(self.items) if split == "train" else 0
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[str]:
+        return list(self.items[:n]) if split == "train" else []
+
+
+def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int, reuse: int,
+                settings: TrainerSettings = TrainerSettings(), chat: bool, context: tuple[tuple[str, str], ...] = (),
+                teacher_context: tuple[tuple[str, str], ...] = (), max_new_tokens: int, seed: int = 0,
+                window: int = WINDOW) -> LagMeasurement:
+    """Run the pipeline's first OPD steps from `student` against `teacher` on `prompts` (every step samples
+    all of them, seeded by step) and measure its lag (module docstring). `student`'s weights are restored
+    bit for bit, also when a step fails.
+
+    Raises:
+        InputError: neither a lag nor reuse (K = 0 and R = 1), or no prompt.
+    """
+    if staleness == 0 and reuse == 1:
+        raise InputError("nothing to measure: staleness 0 and reuse 1 is the clean pipeline")
+    if not prompts:
+        raise InputError("no calibration prompts to train on")
+    first, last = window_steps(staleness, window)
+    config = OPDConfig(pair="check", rollout=f"reuse:{reuse}" if reuse > 1 else "none", staleness=staleness,
+                       loss=settings.loss, lr=settings.lr, adam_beta1=settings.adam_beta1, tis_cap=settings.tis_cap,
+                       warmup_steps=0, decay="constant", steps=last, batch_size=len(prompts), seed=seed,
+                       max_new_tokens=max_new_tokens, train_prompts=len(prompts), eval_probe=0)
+    pair = Pair(name="check", student=student, teacher=teacher, task=None, prompt_source=_Prompts(tuple(prompts)),
+                chat=chat, teacher_context=teacher_context, student_context=context, max_new_tokens=max_new_tokens)
+    from mismatch.opd.trainer import opd_step, setup  # the trainer (torch, the losses) only when a lag is measured
+
+    saved = {k: v.detach().clone() for k, v in student.model.state_dict().items()}
+    grad = {n: p.requires_grad for n, p in student.model.named_parameters()}
+    teacher_grad = {n: p.requires_grad for n, p in teacher.model.named_parameters()}
+    try:
+        run = setup(config, pair)
+        per_step = [opd_step(run, step) for step in range(1, last + 1)]
+    finally:
+        with torch.no_grad():
+            student.model.load_state_dict(saved)
+        for n, p in student.model.named_parameters():
+            p.requires_grad_(grad[n])
+            p.grad = None
+        for n, p in teacher.model.named_parameters():
+            p.requires_grad_(teacher_grad[n])
+    kept = per_step[first - 1: last]
+    stats = {}
+    for s in STATISTICS:
+        mean, half = t_interval([m[s] for m in kept]) if all(s in m for m in kept) else (math.nan, math.nan)
+        stats[s] = (mean, mean - half, mean + half)
+    return LagMeasurement(staleness=staleness, reuse=reuse, settings=settings, steps=last, window=(first, last),
+                          statistics=stats, per_step=per_step)
