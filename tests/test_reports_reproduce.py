@@ -1,6 +1,7 @@
 """`reports/` is what `mismatch report` writes from the committed results (`experiments/study_data/*.parquet`,
 `make reports`): rebuilt here from those rows, every table (Markdown, CSV) is the committed one."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,3 +29,17 @@ def test_the_committed_reports_are_rebuilt_from_the_committed_results(tmp_path, 
         assert committed.is_file(), f"reports/ lacks {path.name}, which the committed results give"
         assert path.read_text(encoding="utf-8") == committed.read_text(encoding="utf-8"), (
             f"reports/{path.name} is not what the committed results give: run `make reports`")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not COMMITTED, reason="no committed results")
+def test_the_shipped_admission_limits_are_fitted_on_the_committed_results(monkeypatch):
+    """`mismatch check`'s default limits (`make thresholds`) are the fit on the rows reports/ comes from."""
+    from mismatch.admission import fit_thresholds, load_thresholds
+
+    monkeypatch.chdir(ROOT)
+    fitted, shipped = fit_thresholds([p.relative_to(ROOT) for p in COMMITTED]), load_thresholds()
+    assert shipped.provenance["results"] == [str(p.relative_to(ROOT)) for p in COMMITTED]
+    for name in ("limits", "brackets", "window_limits", "window_brackets"):  # floats survive JSON exactly
+        got, want = (json.dumps(getattr(t, name), sort_keys=True) for t in (shipped, fitted))
+        assert got == want, f"the shipped {name} are not the committed results' fit: run `make thresholds`"
