@@ -51,7 +51,8 @@ def candidates() -> list[str]:
 
 def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     """Per OPD run (`run_id` index) the candidates measurable on its own rows (all but `window:seq_kl`,
-    which needs the level's response length): `first:S`, `window:S` and `copy:…`."""
+    which needs the level's response length): `first:S`, `window:S` and `copy:…`; and, for the drift
+    table, `end:mismatch_kl` (its mean over the run's last `window` steps)."""
     opd = rows[(rows["kind"] == "opd") & (rows["level"] == "step")]
     steps = opd[opd["metric"].isin([*STATISTICS, *COPY_STATISTICS])]
     wide = steps.pivot_table(index=["run_id", "step"], columns="metric", values="value", aggfunc="last").reset_index()
@@ -65,9 +66,13 @@ def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     bounds = wide["lag"].map(lambda k: window_steps(k, window))
     in_window = wide[(wide["step"] >= bounds.str[0]) & (wide["step"] <= bounds.str[1])]
     means = in_window.groupby("run_id")[stats].mean()
+    last = wide.groupby("run_id")["step"].transform("max")
+    ends = wide[(wide["step"] > 0) & (wide["step"] > last - window)].groupby("run_id")[stats].mean()
     for s in stats:
         out[f"first:{s}"] = first[s].reindex(out.index)
         out[f"window:{s}"] = means[s].reindex(out.index)
+    if "mismatch_kl" in ends:  # drift: where the statistic ends, not a candidate
+        out["end:mismatch_kl"] = ends["mismatch_kl"].reindex(out.index)
     evaluated = wide[wide["step"] > 0]
     for s in COPY_STATISTICS:
         if s in evaluated:
@@ -136,6 +141,24 @@ def ranking(table: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["across_sources", "lopo"], ascending=False)
 
 
+def drift_table(points: pd.DataFrame, *, floor: float = 1e-3) -> pd.DataFrame:
+    """How `mismatch_kl` moves during training, per source (decided levels or not): the ratio of the
+    window's value to the first step's (static sources: what a check before training misses) and of the
+    last steps' to the window's (every source), as median and max over the levels whose first value (for
+    the first ratio) or window value is at least `floor` nats (below it the ratio is the estimator's noise)."""
+    out = []
+    for source, group in points.groupby("source", sort=True):
+        row = {"source": source, "levels": len(group)}
+        for name, num, den in (("window_over_first", "window:mismatch_kl", "first:mismatch_kl"),
+                               ("end_over_window", "end:mismatch_kl", "window:mismatch_kl")):
+            keep = group[group[den] >= floor] if den in group and num in group else group.iloc[:0]
+            ratio = keep[num] / keep[den]
+            row.update({f"{name}_n": len(ratio), f"{name}_median": float(ratio.median()) if len(ratio) else math.nan,
+                        f"{name}_max": float(ratio.max()) if len(ratio) else math.nan})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def transfer_markdown(points: pd.DataFrame, table: pd.DataFrame, *, window: int = WINDOW) -> str:
     """The comparison as Markdown: the decided levels per group, each candidate's record per scheme."""
     decided = points[points["decided"]]
@@ -166,4 +189,14 @@ def transfer_markdown(points: pd.DataFrame, table: pd.DataFrame, *, window: int 
     lines += ["", f"Best across sources: `{top}` ({best.loc[top, 'across_sources']} of "
               f"{best.loc[top, 'across_sources_levels']} levels right when fitted on the other group; "
               f"{best.loc[top, 'lopo']} of {best.loc[top, 'lopo_levels']} leaving one pair out)."]
+    drift = drift_table(points)
+    lines += ["", "## Drift: how `mismatch_kl` moves during training", "",
+              f"Per source, over every level (decided or not) whose denominator is at least 0.001 nats: the window's "
+              f"value over the first step's (what a check before training misses), and the mean over the last {window} "
+              "steps over the window's. Median and largest ratio, and how many levels.", "",
+              "| source | window / first: n, median, max | end / window: n, median, max |", "|---|---|---|"]
+    for r in drift.to_dict("records"):
+        cells = [f"{r[f'{k}_n']}, {r[f'{k}_median']:.3g}, {r[f'{k}_max']:.3g}" if r[f"{k}_n"] else "—"
+                 for k in ("window_over_first", "end_over_window")]
+        lines.append(f"| {r['source']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -109,3 +109,18 @@ def test_the_report_writes_the_transfer_table(study, tmp_path):
     text = (tmp_path / "admission_transfer.md").read_text()
     assert "lagged sources (staleness, reuse) 1 tolerated, 2 not" in text
     assert len(pd.read_csv(tmp_path / "admission_transfer.csv")) % 4 == 0  # four schemes per statistic
+
+
+def test_drift_is_the_ratio_of_the_window_to_the_first_step_and_of_the_last_steps_to_the_window(study):
+    from mismatch.admission.transfer import drift_table
+
+    analysis = analyse(study)
+    drift = drift_table(level_points(study, analysis.runs, analysis.levels, window=WINDOW)).set_index("source")
+    # int8: first 0.01, window (steps 1–2) 0.01, end (steps 4–5) 0.02; int4: 0.05 throughout
+    assert drift.loc["format", "window_over_first_n"] == 2 and drift.loc["format", "window_over_first_max"] == pytest.approx(1.0)
+    assert drift.loc["format", "end_over_window_max"] == pytest.approx(2.0)
+    assert drift.loc["format", "end_over_window_median"] == pytest.approx(1.5)
+    # a stale copy's first step is 0: no first-step ratio; end / window: 0.04/0.03, 0.7/0.6, 0.3/0.3
+    assert drift.loc["stale", "window_over_first_n"] == 0
+    assert drift.loc["stale", "end_over_window_max"] == pytest.approx(0.04 / 0.03)
+    assert drift.loc["stale", "end_over_window_median"] == pytest.approx(0.7 / 0.6)
