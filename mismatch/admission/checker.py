@@ -239,7 +239,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
-                          notes=[*small_calibration_notes(used["sequences"]), *(n for _, n in lagged)],
+                          notes=[*small_calibration_notes(used["sequences"]), *_length_notes(table, batch),
+                                 *(n for _, n in lagged)],
                           calibration=used)
     searched = recipe if recipe is not None else decisions[0].status == "reject"  # asked for, or the fitted gate failed
     if recipe is False and decisions[0].status == "reject":
@@ -247,6 +248,20 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample, say) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
     return admission
+
+
+def _length_notes(table: Thresholds, batch) -> list[str]:
+    """A note when the calibration's responses are more than twice as long (or short) as those the limits
+    were fitted at: the limits are per token, and how they scale with length is not measured yet."""
+    if len(table.response_tokens) != 2 or not batch.response_mask.any():
+        return []
+    low, high = table.response_tokens
+    mean = batch.response_tokens / max(int(batch.response_mask.any(1).sum()), 1)
+    if low / 2 <= mean <= 2 * high:
+        return []
+    return [f"the calibration's responses average {mean:.0f} tokens; the limits were fitted on levels whose responses "
+            f"averaged {low:.0f}–{high:.0f} tokens and are applied per token as they are (how a tolerated mismatch "
+            "scales with response length is not measured yet)"]
 
 
 def _sampled(batch) -> dict[str, int]:

@@ -64,6 +64,9 @@ class Thresholds:
     window_limits: dict[str, float] = field(default_factory=dict)
     window_brackets: dict[str, list[float]] = field(default_factory=dict)
     window_steps: int = WINDOW
+    # the mean response lengths (tokens) of the decided levels the limits rest on, [shortest, longest]: the
+    # limits are per token at those lengths (how they scale with length: the study's length ladder, to come)
+    response_tokens: list[float] = field(default_factory=list)
 
     @property
     def fitted_on(self) -> str:
@@ -229,7 +232,8 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                             f"only: {len(decided)} of {len(points)}")}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance,
-                      window_limits=window, window_brackets=window_brackets)
+                      window_limits=window, window_brackets=window_brackets,
+                      response_tokens=[float(every["response_tokens"].min()), float(every["response_tokens"].max())])
 
 
 def _digest(ids: list[str]) -> str:

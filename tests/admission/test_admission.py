@@ -155,6 +155,18 @@ def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_
     assert abs(still.decisions[-1].value) < 1e-5 and still.decisions[-1].status == "admit"
 
 
+def test_responses_far_longer_than_the_limits_were_fitted_at_are_noted():
+    lm = mismatch.load("tiny-llama")
+    table = _thresholds(1.0)
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=12)
+    table.response_tokens = [2.0, 3.0]  # fitted at ~2–3 tokens: 12-token responses are > 2× longer
+    far = check(lm, "noise:0", calibration=cal, thresholds=table)
+    mean = far.calibration["tokens"] / far.calibration["sequences"]
+    assert mean > 6 and any(f"average {mean:.0f} tokens" in n and "2–3 tokens" in n for n in far.notes)
+    table.response_tokens = [mean / 2, mean]
+    assert not any("average" in n for n in check(lm, "noise:0", calibration=cal, thresholds=table).notes)
+
+
 def test_bad_input_is_a_clear_error():
     lm = mismatch.load("tiny-llama")
     with pytest.raises(InputError, match="unknown loss 'kl'"):
