@@ -47,7 +47,9 @@ def test_the_study_page_includes_the_headline_the_reports_wrote():
     assert "pymdownx.snippets" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated"), ("docs/study.md", None)])
+@pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated"), ("docs/study.md", None),
+                                          ("docs/admission.md", "Where the limit comes from"),
+                                          ("docs/admission.md", "One statistic across sources")])
 def test_every_number_quoted_is_in_the_reports(page, heading):
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text
