@@ -11,7 +11,7 @@ from mismatch.cli.common import Threads, early, err, out
 from mismatch.files import json_text
 from mismatch.monitor.settings import MonitorSettings  # stdlib only: the defaults live on its fields
 
-EXIT = {"within": 0, "crossed": 1}
+EXIT = {"within": 0, "crossed": 1, "rising": 3}
 
 
 def monitor(
@@ -20,20 +20,24 @@ def monitor(
     thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`; default: the shipped ones).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write monitor.png, monitor.csv and monitor.json here.")] = None,
     patience: Annotated[int, typer.Option(help="Consecutive logged steps above the limit that make an alarm.")] = MonitorSettings.patience,
+    total_steps: Annotated[int | None, typer.Option(help="The run's planned steps: a rising trend is flagged when its line reaches the limit by then (default: the logged span once more).")] = None,
+    trend_steps: Annotated[int, typer.Option(help="The last logged steps the trend line is fitted to.")] = MonitorSettings.trend_steps,
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
     threads: Threads = None,
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step.
-    Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 2 error."""
+    Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising (below the limit, but
+    its trend's slope is positive at 95% and reaches the limit within the run's steps), 2 error."""
     early(files=(("no log at {path}", log), ("thresholds file not found: {path}", thresholds),
                  ("no framework config at {path}", framework_config)))
     from mismatch import monitor as monitor_lib
     from mismatch.cli import tables as console
 
-    report = monitor_lib.monitor(log, thresholds=thresholds, settings=MonitorSettings(patience=patience), run=run,
-                                 out_dir=out_dir, framework_config=framework_config)
+    settings = MonitorSettings(patience=patience, trend_steps=trend_steps, total_steps=total_steps)
+    report = monitor_lib.monitor(log, thresholds=thresholds, settings=settings, run=run, out_dir=out_dir,
+                                 framework_config=framework_config)
     for path in report.written:
         console.wrote(err, path)
     if json_out:

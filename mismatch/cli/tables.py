@@ -285,6 +285,12 @@ def monitor_table(report) -> Table:
         lines.append("framework settings: " + "; ".join(f"{k} = {v} ({where})"
                                                         for k, (v, where) in report.framework_settings.items()))
     lines += [f"note: {note}" for note in report.notes]
+    if report.trend is not None:
+        tr = report.trend
+        meets = (f", its line meets the limit at step {tr.reaches_limit_at:.0f} (horizon {report.horizon})"
+                 if tr.reaches_limit_at is not None else "")
+        lines.append(f"trend of {report.gating.name} over its last {tr.points} logged steps: {tr.slope:.3g} per step "
+                     f"[{tr.low:.3g}, {tr.high:.3g}]{meets}")
     lines.append(f"limits {report.thresholds_source}")
     table.caption = escape("\n".join(lines))
     return table

@@ -11,6 +11,12 @@ run is `crossed` when the statistic lies above the limit on `patience` consecuti
 a log can give, and the count of such steps is reported. Each logged step's value is a point estimate (a
 log keeps no interval), hence the patience. Every other calibrated statistic found is reported against its
 own limit, but does not decide; so is a limit the framework applied itself (NeMo RL's sequence gate).
+
+A run below its limit can still be heading for it (mismatch grows during training: verl PR #7519's per-tensor
+FP8 `rollout_corr/kl` rose 0.010 → 0.031 over 32 steps). So the gating statistic's last `trend_steps` logged
+values get a least-squares line (`Trend`: slope with its 95% t interval); a run not crossed is `rising` when
+the slope's interval lies above 0 and the line reaches the limit within the run's planned steps
+(`total_steps`; default: the logged span once more).
 """
 
 from __future__ import annotations
@@ -29,6 +35,42 @@ from mismatch.metrics import ROLLOUT_STATS_CONFIG
 from mismatch.monitor.logs import STEP, Log, read_config, read_log
 from mismatch.monitor.names import GATES, NAMES, TOOLKIT, comparable_names, flat_config, meaning, resolve_settings
 from mismatch.monitor.settings import MonitorSettings
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A least-squares line through a statistic's last logged values: `slope` per step with its 95% t
+    interval (`low`, `high`), over `points` values ending at `last_step`, where the line stands at `fitted`;
+    `reaches_limit_at`: the step where the line meets the limit (None unless the slope is positive)."""
+
+    slope: float
+    low: float
+    high: float
+    points: int
+    last_step: int
+    fitted: float
+    reaches_limit_at: float | None
+
+    def summary(self) -> dict:
+        return {"slope": self.slope, "interval": [self.low, self.high], "points": self.points,
+                "last_step": self.last_step, "fitted_at_last_step": self.fitted,
+                "reaches_limit_at": self.reaches_limit_at}
+
+
+def fit_trend(values: pd.Series, limit: float, last: int = 20) -> Trend | None:
+    """The `Trend` of the last `last` finite values of `values` (indexed by step); None with fewer than 5."""
+    from scipy import stats
+
+    finite = values[np.isfinite(values.to_numpy(dtype=float))].iloc[-last:]
+    if len(finite) < 5:
+        return None
+    x, y = finite.index.to_numpy(dtype=float), finite.to_numpy(dtype=float)
+    fit = stats.linregress(x, y)
+    half = float(stats.t.ppf(0.975, len(x) - 2)) * fit.stderr
+    fitted = fit.intercept + fit.slope * x[-1]
+    reaches = x[-1] + (limit - fitted) / fit.slope if fit.slope > 0 else None
+    return Trend(float(fit.slope), float(fit.slope - half), float(fit.slope + half), len(x), int(x[-1]),
+                 float(fitted), None if reaches is None else float(reaches))
 
 
 @dataclass
@@ -80,7 +122,8 @@ class Statistic:
 @dataclass
 class MonitorReport:
     """What `monitor` found. `status`: `crossed` (the gating statistic above its limit on `patience`
-    consecutive logged steps) or `within`; `alarm_step`: where the patience ran out. `framework_gates`: the
+    consecutive logged steps), `rising` (not crossed, but its `trend` rises and reaches the limit by
+    `horizon`) or `within`; `alarm_step`: where the patience ran out. `framework_gates`: the
     framework's own limits on what it logged (not deciding); `framework_settings`: each setting read to
     decide a name's mode, `key → (value, where it came from)`; `notes`: what the reading left out."""
 
@@ -96,14 +139,23 @@ class MonitorReport:
     framework_gates: list[Statistic] = field(default_factory=list)
     framework_settings: dict[str, tuple[object, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    trend: Trend | None = None
+    horizon: int | None = None  # the step by which a rising trend must reach the limit to be flagged
 
     @property
     def alarm_step(self) -> int | None:
         return self.gating.first_alarm(self.patience)
 
     @property
+    def rising(self) -> bool:
+        """The gating statistic's slope is positive at 95% and its line reaches the limit by `horizon`."""
+        t = self.trend
+        return (t is not None and self.horizon is not None and t.low > 0 and t.reaches_limit_at is not None
+                and t.reaches_limit_at <= self.horizon)
+
+    @property
     def status(self) -> str:
-        return "crossed" if self.alarm_step is not None else "within"
+        return "crossed" if self.alarm_step is not None else "rising" if self.rising else "within"
 
     def summary(self) -> dict:
         """A JSON-able summary (strict JSON: a non-finite value is the string `nan`, `inf` or `-inf`): the
@@ -118,6 +170,7 @@ class MonitorReport:
                     "longest_run_above": s.longest_run(), "also_logged_as": s.also_logged_as}
         return {"log": self.path, "format": self.format, "logged_steps": self.steps, "patience": self.patience,
                 "status": self.status, "alarm_step": self.alarm_step, "gating": one(self.gating),
+                "trend": None if self.trend is None else self.trend.summary(), "horizon": self.horizon,
                 "others": [one(s) for s in self.others],
                 "framework_gates": [one(s) for s in self.framework_gates],
                 "not_comparable": {k: {"framework": f, "why": why} for k, (f, why, _) in self.not_comparable.items()},
@@ -226,7 +279,8 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
         path: a `trainer_state.json`, TensorBoard events, a JSON-lines metrics log, or a results dataset
             (`mismatch.monitor.logs.read_log`).
         thresholds: a thresholds file or `Thresholds` (default: the shipped, fitted ones).
-        settings: `patience` (consecutive logged steps above the limit that make an alarm).
+        settings: `patience` (consecutive logged steps above the limit that make an alarm), `trend_steps`
+            and `total_steps` (the trend's fit and horizon).
         run: with a results dataset of several OPD runs, the run id.
         out_dir: also write the plot, the values and the summary there (`write_monitor`); checked
             before the log is read.
@@ -243,6 +297,10 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     """
     if settings.patience < 1:
         raise InputError(f"patience must be ≥ 1, got {settings.patience}")
+    if settings.trend_steps < 5:
+        raise InputError(f"trend steps must be ≥ 5 (a line through fewer says nothing), got {settings.trend_steps}")
+    if settings.total_steps is not None and settings.total_steps < 1:
+        raise InputError(f"total steps must be ≥ 1, got {settings.total_steps}")
     if out_dir is not None:
         check_writable(out_dir, "monitor output", folder=True)
     table_of_thresholds = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(thresholds)
@@ -261,6 +319,10 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     report = MonitorReport(str(path), log.format, len(log.values), settings.patience, found[0], found[1:], others,
                            source, framework_gates=gates, framework_settings=read, notes=log.notes + gate_notes)
+    steps = found[0].values.index
+    report.trend = fit_trend(found[0].values, found[0].limit, settings.trend_steps)
+    report.horizon = (settings.total_steps if settings.total_steps is not None
+                      else int(steps[-1] + (steps[-1] - steps[0])))
     if out_dir is not None:
         report.written = write_monitor(report, out_dir)
     return report

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -139,6 +140,31 @@ def test_patience_counts_consecutive_logged_steps_above_the_limit(tmp_path):
     summary = json.loads((tmp_path / "m" / "monitor.json").read_text())
     assert summary["alarm_step"] == 60 and summary["gating"]["crossed_steps"] == [20, 40, 50, 60]
     assert runner.invoke(app, ["monitor", str(log), "--patience", "4"]).exit_code == 0
+
+
+def test_a_rising_trend_below_the_limit_is_flagged_when_it_reaches_the_limit_within_the_run(tmp_path):
+    values = [LIMIT * (0.2 + 0.07 * i) for i in range(10)]  # steps 10 … 100, all below the limit (0.83 × it last)
+    log = _series_log(tmp_path / "rise.jsonl", values)
+    report = monitor(log)
+    steps = [10 * (i + 1) for i in range(10)]
+    slope, intercept = np.polyfit(steps, values, 1)  # independent: numpy's least squares
+    assert report.trend.slope == pytest.approx(slope, rel=1e-9) and report.trend.low > 0
+    meets = (LIMIT - intercept) / slope  # the line meets the limit here: step ≈ 124
+    assert report.trend.reaches_limit_at == pytest.approx(meets, rel=1e-9)
+    assert report.horizon == 190 and report.status == "rising" and report.alarm_step is None  # the span once more
+    assert monitor(log, settings=MonitorSettings(total_steps=110)).status == "within"  # ends before it meets it
+    assert monitor(log, settings=MonitorSettings(total_steps=int(meets) + 1)).status == "rising"
+    runner = CliRunner()
+    assert runner.invoke(app, ["monitor", str(log)]).exit_code == 3
+    assert runner.invoke(app, ["monitor", str(log), "--total-steps", "110"]).exit_code == 0
+    summary = json.loads(runner.invoke(app, ["monitor", str(log), "--json"]).output)
+    assert summary["status"] == "rising" and summary["trend"]["points"] == 10
+    # the same rise with the sign flipped falls: never flagged; a flat series with noise neither
+    assert monitor(_series_log(tmp_path / "fall.jsonl", values[::-1])).status == "within"
+    flat = [LIMIT * (0.5 + 0.2 * (-1) ** i) for i in range(10)]
+    assert monitor(_series_log(tmp_path / "flat.jsonl", flat)).status == "within"
+    with pytest.raises(InputError, match="trend steps must be"):
+        monitor(log, settings=MonitorSettings(trend_steps=4))
 
 
 def test_the_gates_of_a_real_trl_run_beyond_the_limit_cross(pair, tmp_path):
