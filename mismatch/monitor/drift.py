@@ -57,7 +57,7 @@ class Trend:
                 "reaches_limit_at": self.reaches_limit_at}
 
 
-def fit_trend(values: pd.Series, limit: float, last: int = 20) -> Trend | None:
+def fit_trend(values: pd.Series, limit: float, last: int) -> Trend | None:
     """The `Trend` of the last `last` finite values of `values` (indexed by step); None with fewer than 5."""
     from scipy import stats
 
@@ -317,12 +317,11 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     gates, gate_notes = framework_gates(log, resolved)
     read.update({g.name: resolved[g.name] for g in gates})
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
-    report = MonitorReport(str(path), log.format, len(log.values), settings.patience, found[0], found[1:], others,
-                           source, framework_gates=gates, framework_settings=read, notes=log.notes + gate_notes)
-    steps = found[0].values.index
-    report.trend = fit_trend(found[0].values, found[0].limit, settings.trend_steps)
-    report.horizon = (settings.total_steps if settings.total_steps is not None
-                      else int(steps[-1] + (steps[-1] - steps[0])))
+    gating, steps = found[0], found[0].values.index
+    horizon = settings.total_steps if settings.total_steps is not None else int(2 * steps[-1] - steps[0])
+    report = MonitorReport(str(path), log.format, len(log.values), settings.patience, gating, found[1:], others,
+                           source, framework_gates=gates, framework_settings=read, notes=log.notes + gate_notes,
+                           trend=fit_trend(gating.values, gating.limit, settings.trend_steps), horizon=horizon)
     if out_dir is not None:
         report.written = write_monitor(report, out_dir)
     return report
