@@ -6,8 +6,9 @@ reference pass) and by the rollout copy (one candidate pass, `mismatch.probe`), 
 mismatch statistics of those sampled tokens with limits:
 
 * the fitted limits (`mismatch.admission.thresholds`, shipped in `mismatch/data/admission_thresholds.json`,
-  fitted on the study of `sweeps/paper.toml`): the statistic the study's OPD runs measured on their
-  first rollouts, where tolerated and not-tolerated configurations separated;
+  fitted on the committed study, `experiments/study_data`, by `make thresholds`): the statistic the
+  study's OPD runs measured on their first rollouts, where tolerated and not-tolerated configurations
+  separated;
 * optionally the gates practitioners use (`mismatch.admission.gates.PRESETS`: verl, slime, NeMo RL).
 
 Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
@@ -18,6 +19,11 @@ pipeline's first OPD steps under the user's trainer settings, the study's own st
 statistic against the limit fitted on every source (`Thresholds.window_limits`). Without one it carries
 over the study's verdict of that level only where the study ran the user's settings (`Pipeline.trainer`:
 lr, β1, loss, TIS), and is uncertain otherwise.
+
+The fitted limit rests on first-step values, and the statistic moves during training (`Thresholds.drift`:
+the study's in-training peak over the first step, per source). The check judges the first-step value a
+second time against the limit lowered by the source's drift margin (the peak ratio's median over its
+largest): above it, and not rejected, the answer is uncertain.
 
 `check(model, rollout=None, rollouts=FILE)` judges a real engine instead: its rollout dump (sampled
 tokens with the engine's own log-probs, `mismatch.engines`) is the calibration set, scored by the
@@ -228,6 +234,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
     table, gates = _thresholds_and_gates(thresholds, presets)
+    fitted = not isinstance(thresholds, dict)  # the first gate is the table's fitted limit
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip)
     say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {spec} [{layers}], scoring them")
@@ -236,11 +243,12 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         _measured_lag(lm, name, teacher, table, pipeline, cal, sample, say)]
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
             "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
-    decisions += [d for d, _ in lagged]  # a carried-over verdict decides like a gate, and says so
+    drift = _drift_margin(table, decisions[0], RolloutSpec.parse(str(spec)).source) if fitted else (None, "")
+    decisions += [d for d, _ in (drift, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
                           notes=[*small_calibration_notes(used["sequences"]), *_length_notes(table, batch),
-                                 *(n for _, n in lagged)],
+                                 *(n for _, n in (drift, *lagged) if n)],
                           calibration=used)
     searched = recipe if recipe is not None else decisions[0].status == "reject"  # asked for, or the fitted gate failed
     if recipe is False and decisions[0].status == "reject":
@@ -248,6 +256,31 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample, say) if searched else []
     admission.cost = _cost(lm, spec, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
     return admission
+
+
+def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Decision | None, str]:
+    """The fitted gate again with its limit lowered by the drift margin of `source` (`Thresholds.drift`):
+    the limit rests on first-step values whose levels drifted during training as the study's median level
+    did; a run that drifts as much as its worst reaches the fitted limit from `limit × margin`. Between the
+    two the check is uncertain (never a reject of its own: rejecting is the fitted gate's); none, with a
+    note, where the study measured no drift for the source (no note for thresholds holding no drift)."""
+    if not table.drift:  # thresholds fitted before drift was measured, or made by hand: no margin to apply
+        return None, ""
+    entry = table.drift.get(source)
+    if entry is None or not entry.get("levels"):
+        return None, f"no drift margin: the thresholds' study measured no {source} level's drift"
+    margin = float(entry["margin"])
+    limit = fitted.limit * margin
+    status = "admit" if decide(fitted.value, fitted.low, fitted.high, limit) == "admit" else "uncertain"
+    decision = Decision(metric=f"drift/{fitted.metric}", value=fitted.value, low=fitted.low, high=fitted.high,
+                        limit=limit, source=f"the fitted limit × the {source} drift margin {margin:.3g}", status=status)
+    note = (f"drift margin: in the study's {entry['levels']} {source} levels the in-training peak of {fitted.metric} "
+            f"over its first-step value had median {entry['median']:.3g} and largest {entry['largest']:.3g}; the "
+            f"fitted limit {fitted.limit:.4g} absorbed the median drift, so a run drifting as the worst did meets it "
+            f"from {limit:.4g} (× {margin:.3g}): "
+            + ("below that, admitted with the margin" if status == "admit" else
+               "above that, uncertain (watch the run with `mismatch monitor`)"))
+    return decision, note
 
 
 def _length_notes(table: Thresholds, batch) -> list[str]:
@@ -307,8 +340,10 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
     lagged = _lagged(table, pipeline)
-    decisions = [*decisions, *(d for d, _ in lagged)]
-    notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])), *(n for _, n in lagged)]
+    drift = _drift_margin(table, decisions[0], "engine") if not isinstance(thresholds, dict) else (None, "")
+    decisions = [*decisions, *(d for d, _ in (drift, *lagged) if d is not None)]
+    notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
+             *(n for _, n in (drift, *lagged) if n)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
     calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),

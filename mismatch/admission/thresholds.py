@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, bracket, confusion, fit_limit
-from mismatch.admission.transfer import WINDOW, level_points
+from mismatch.admission.transfer import WINDOW, drift_table, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
 from mismatch.opd.tolerance import Analysis, analyse
@@ -67,6 +67,10 @@ class Thresholds:
     # the mean response lengths (tokens) of the decided levels the limits rest on, [shortest, longest]: the
     # limits are per token at those lengths (how they scale with length: the study's length ladder, to come)
     response_tokens: list[float] = field(default_factory=list)
+    # per static source, how the primary statistic moved in the study's runs (`transfer.drift_table`: the
+    # in-training peak over the first step's value, `levels`, `median`, `largest`) and the `margin` the
+    # check lowers the fitted limit by (median / largest): the limit absorbed the median drift, not the worst
+    drift: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def fitted_on(self) -> str:
@@ -217,6 +221,9 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     brackets = {s: bracket(decided[s].to_numpy(), decided["tolerated"].to_numpy(), limits[s]) for s in stats}
     validation = [v for s in stats for v in validate(decided, s)]
     every = level_points(rows, runs, levels)  # all sources, with the window statistics
+    drift = {r["source"]: {"levels": int(r["peak_over_first_n"]), "median": r["peak_over_first_median"],
+                           "largest": r["peak_over_first_max"], "margin": r["margin"]}
+             for r in drift_table(every).to_dict("records") if r["source"] in STATIC_SOURCES}
     every = every[every["decided"]]
     window = {s: fit_limit(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy()) for s in stats
               if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
@@ -232,7 +239,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                             f"only: {len(decided)} of {len(points)}")}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance,
-                      window_limits=window, window_brackets=window_brackets,
+                      window_limits=window, window_brackets=window_brackets, drift=drift,
                       response_tokens=[float(every["response_tokens"].min()), float(every["response_tokens"].max())])
 
 

@@ -13,7 +13,14 @@ candidates here are measured where every source has its mismatch:
   (the bias bound of token-level importance sampling grows with it);
 * `copy:kl_fwd_mean`, `copy:tv_mean` — the rollout copy probed against the student over the full vocabulary
   at the run's first evaluation after step 0 (`mismatch.opd.trainer.probe_copy`; none for reuse, whose
-  copy is not kept).
+  copy is not kept);
+* `gap:heldout_rkl` — the teacher's side: how much worse the rollout copy is than the student at the task,
+  in held-out reverse KL to the teacher. A static copy is measured at step 0 (`copy_heldout_rkl` minus the
+  student's `heldout_rkl`, `mismatch.opd.trainer.copy_heldout_rkl`). A lagged copy is the student some
+  updates back, so its gap is the progress those updates make: the lag (K for `stale:K`, the mean batch
+  age (R−1)/2 for `reuse:R`) times the held-out KL decrease per step of the level's clean twins between
+  step 0 and their first evaluation (a linear reading of their curve: what the lag would cost where
+  training goes as it should; the lagged run's own curve would put its outcome into its statistic).
 
 Each candidate is scored by how well a one-sided limit fitted on some levels (`thresholds.fit_limit`) predicts
 decided levels it never saw: fitted on the static sources (formats, noise, engines) and applied to the lagged
@@ -33,6 +40,7 @@ from mismatch.rollout_spec import RolloutSpec
 
 WINDOW = 10  # update steps after the lag is full that the window statistics average
 COPY_STATISTICS = ("copy_kl_fwd_mean", "copy_tv_mean")
+GAP = "gap:heldout_rkl"
 LEVEL_KEYS = ["pair", "source", "settings", "level"]
 
 
@@ -46,19 +54,20 @@ def window_steps(staleness: int, window: int = WINDOW) -> tuple[int, int]:
 def candidates() -> list[str]:
     """The candidate statistics, in the order the tables list them."""
     return [*(f"first:{s}" for s in STATISTICS), *(f"window:{s}" for s in STATISTICS), "window:seq_kl",
-            *(f"copy:{s.removeprefix('copy_')}" for s in COPY_STATISTICS)]
+            *(f"copy:{s.removeprefix('copy_')}" for s in COPY_STATISTICS), GAP]
 
 
 def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     """Per OPD run (`run_id` index) the candidates measurable on its own rows (all but `window:seq_kl`,
-    which needs the level's response length): `first:S`, `window:S` and `copy:…`; and, for the drift
-    table, `end:mismatch_kl` (its mean over the run's last `window` steps)."""
+    which needs the level's response length): `first:S`, `window:S`, `copy:…` and `gap:heldout_rkl`; and,
+    for the drift table, `end:mismatch_kl` (its mean over the run's last `window` steps)."""
     opd = rows[(rows["kind"] == "opd") & (rows["level"] == "step")]
     steps = opd[opd["metric"].isin([*STATISTICS, *COPY_STATISTICS])]
     wide = steps.pivot_table(index=["run_id", "step"], columns="metric", values="value", aggfunc="last").reset_index()
     configs = opd.groupby("run_id")[["rollout", "staleness"]].first()
-    lag = {r: RolloutSpec.parse(str(c["rollout"]), 0 if pd.isna(c["staleness"]) else int(c["staleness"])).staleness
-           for r, c in configs.iterrows()}  # `stale:K` as a spec or as the staleness field
+    specs = {r: RolloutSpec.parse(str(c["rollout"]), 0 if pd.isna(c["staleness"]) else int(c["staleness"]))
+             for r, c in configs.iterrows()}  # `stale:K` as a spec or as the staleness field
+    lag = {r: spec.staleness for r, spec in specs.items()}
     wide["lag"] = wide["run_id"].map(lag).astype(int)
     out = pd.DataFrame(index=pd.Index(sorted(wide["run_id"].unique()), name="run_id"))
     stats = [s for s in STATISTICS if s in wide]
@@ -78,7 +87,35 @@ def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
         if s in evaluated:
             seen = evaluated.dropna(subset=[s]).sort_values("step").groupby("run_id")[s].first()
             out[f"copy:{s.removeprefix('copy_')}"] = seen.reindex(out.index)
+    gap, progress = teacher_gap(opd)
+    if gap.notna().any():
+        out[GAP] = gap.reindex(out.index)
+    out["progress:heldout_rkl"] = progress.reindex(out.index)  # for the lagged levels' gap (`level_points`)
     return out
+
+
+def lag_steps(spec: RolloutSpec) -> float:
+    """How many updates a lagged copy is behind the student on average: K for `stale:K`, (R−1)/2 for
+    `reuse:R` (a batch trained on R times is 0, 1, …, R−1 updates old), their sum when both."""
+    return spec.staleness + (spec.reuse - 1) / 2
+
+
+def teacher_gap(opd: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per run (`run_id` index): the static copy's step-0 gap `copy_heldout_rkl − heldout_rkl` (NaN where
+    not measured) and the run's held-out KL decrease per step from step 0 to its first evaluation (what a
+    clean run's update is worth at the task: the lagged levels' gap is their lag times their twins')."""
+    held = opd[opd["metric"].isin(["heldout_rkl", "copy_heldout_rkl"])].pivot_table(
+        index=["run_id", "step"], columns="metric", values="value", aggfunc="last")
+    gap, progress = {}, {}
+    for run_id, curve in held.groupby(level="run_id"):
+        curve = curve.droplevel("run_id").sort_index()
+        rkl = curve["heldout_rkl"].dropna() if "heldout_rkl" in curve else pd.Series(dtype=float)
+        if 0 in rkl.index and (rkl.index > 0).any():
+            first = int(rkl.index[rkl.index > 0][0])
+            progress[run_id] = (rkl[0] - rkl[first]) / first
+        if "copy_heldout_rkl" in curve and 0 in rkl.index and pd.notna(curve.loc[0, "copy_heldout_rkl"]):
+            gap[run_id] = curve.loc[0, "copy_heldout_rkl"] - rkl[0]
+    return pd.Series(gap, dtype=float), pd.Series(progress, dtype=float)
 
 
 def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
@@ -88,6 +125,19 @@ def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *
     stats = run_statistics(rows, window=window)
     mine = runs[~runs["clean"] & runs["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
     mine = mine[LEVEL_KEYS + ["run_id"]].join(stats, on="run_id")
+    twins = runs[runs["clean"]][["pair", "settings", "run_id"]].join(stats["progress:heldout_rkl"], on="run_id")
+    twin_progress = twins.groupby(["pair", "settings"])["progress:heldout_rkl"].mean()
+    lagged = mine["source"].isin(LAGGED_SOURCES)
+    lags = pd.Series([lag_steps(RolloutSpec.parse(f"{source}:{level}")) for source, level
+                      in mine.loc[lagged, ["source", "level"]].itertuples(index=False)], index=mine.index[lagged])
+    per_step = pd.Series([twin_progress.get((p, s), math.nan) for p, s in mine.loc[lagged, ["pair", "settings"]]
+                          .itertuples(index=False)], index=lags.index, dtype=float)
+    mine.loc[lagged, GAP] = lags * per_step  # the lag's worth of its twins' progress
+    stats = stats.drop(columns="progress:heldout_rkl")
+    if GAP not in stats:
+        stats[GAP] = math.nan
+    if mine[GAP].isna().all():
+        stats = stats.drop(columns=GAP)
     means = mine.groupby(LEVEL_KEYS, sort=False)[list(stats.columns)].mean()
     points = levels[levels["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
     points = points[LEVEL_KEYS + ["loss", "verdict", "response_tokens"]].join(means, on=LEVEL_KEYS)
@@ -141,20 +191,31 @@ def ranking(table: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["across_sources", "lopo"], ascending=False)
 
 
-def drift_table(points: pd.DataFrame, *, floor: float = 1e-3) -> pd.DataFrame:
-    """How `mismatch_kl` moves during training, per source (decided levels or not): the ratio of the
-    window's value to the first step's (static sources: what a check before training misses) and of the
-    last steps' to the window's (every source), as median and max over the levels whose first value (for
-    the first ratio) or window value is at least `floor` nats (below it the ratio is the estimator's noise)."""
+DRIFT_FLOOR = 0.01  # nats: a ratio's denominator below this is the estimator's noise, a tenth of the limits' scale
+
+
+def drift_table(points: pd.DataFrame, *, floor: float = DRIFT_FLOOR) -> pd.DataFrame:
+    """How `mismatch_kl` moves during training, per source (decided levels or not), as median and max over
+    the levels whose denominator is at least `floor` nats: the window's value over the first step's
+    (`window_over_first`: what a check before training misses), the last steps' over the window's
+    (`end_over_window`: every source) and the in-training peak — the larger of the window's and the last
+    steps' — over the first step's (`peak_over_first`). `margin` (static sources) = the peak ratio's median
+    over its max: the factor a limit fitted on first-step values, whose levels drifted as the median did,
+    is lowered by for a run that drifts as much as the study's worst (1 with fewer than two levels)."""
     out = []
     for source, group in points.groupby("source", sort=True):
         row = {"source": source, "levels": len(group)}
-        for name, num, den in (("window_over_first", "window:mismatch_kl", "first:mismatch_kl"),
-                               ("end_over_window", "end:mismatch_kl", "window:mismatch_kl")):
-            keep = group[group[den] >= floor] if den in group and num in group else group.iloc[:0]
-            ratio = keep[num] / keep[den]
+        peak = group[["window:mismatch_kl", "end:mismatch_kl"]].max(axis=1) if {
+            "window:mismatch_kl", "end:mismatch_kl"} <= set(group) else pd.Series(math.nan, index=group.index)
+        for name, num, den in (("window_over_first", group.get("window:mismatch_kl"), "first:mismatch_kl"),
+                               ("end_over_window", group.get("end:mismatch_kl"), "window:mismatch_kl"),
+                               ("peak_over_first", peak, "first:mismatch_kl")):
+            keep = (group[den] >= floor) if den in group and num is not None else pd.Series(False, index=group.index)
+            ratio = (num[keep] / group.loc[keep, den]).dropna() if keep.any() else pd.Series(dtype=float)
             row.update({f"{name}_n": len(ratio), f"{name}_median": float(ratio.median()) if len(ratio) else math.nan,
                         f"{name}_max": float(ratio.max()) if len(ratio) else math.nan})
+        n, med, top = row["peak_over_first_n"], row["peak_over_first_median"], row["peak_over_first_max"]
+        row["margin"] = (min(1.0, med / top) if n >= 2 and top > 0 else 1.0) if source in STATIC_SOURCES else math.nan
         out.append(row)
     return pd.DataFrame(out)
 
@@ -191,12 +252,17 @@ def transfer_markdown(points: pd.DataFrame, table: pd.DataFrame, *, window: int 
               f"{best.loc[top, 'lopo']} of {best.loc[top, 'lopo_levels']} leaving one pair out)."]
     drift = drift_table(points)
     lines += ["", "## Drift: how `mismatch_kl` moves during training", "",
-              f"Per source, over every level (decided or not) whose denominator is at least 0.001 nats: the window's "
-              f"value over the first step's (what a check before training misses), and the mean over the last {window} "
-              "steps over the window's. Median and largest ratio, and how many levels.", "",
-              "| source | window / first: n, median, max | end / window: n, median, max |", "|---|---|---|"]
+              f"Per source, over every level (decided or not) whose denominator is at least {DRIFT_FLOOR:g} nats: the "
+              f"window's value over the first step's (what a check before training misses), the mean over the last "
+              f"{window} steps over the window's, and the in-training peak (the larger of the two) over the first "
+              "step's. Median and largest ratio, and how many levels. The margin (static sources: the peak ratio's "
+              "median over its largest) is the factor `mismatch check` lowers the fitted limit by for a run that "
+              "drifts as much as the study's worst; between the lowered limit and the fitted one it answers uncertain.",
+              "", "| source | window / first: n, median, max | end / window: n, median, max | "
+              "peak / first: n, median, max | margin |", "|---|---|---|---|---|"]
     for r in drift.to_dict("records"):
         cells = [f"{r[f'{k}_n']}, {r[f'{k}_median']:.3g}, {r[f'{k}_max']:.3g}" if r[f"{k}_n"] else "—"
-                 for k in ("window_over_first", "end_over_window")]
+                 for k in ("window_over_first", "end_over_window", "peak_over_first")]
+        cells.append("—" if math.isnan(r["margin"]) else f"{r['margin']:.3g}")
         lines.append(f"| {r['source']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

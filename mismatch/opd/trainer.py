@@ -314,6 +314,24 @@ def probe_copy(run: OPDRun) -> dict[str, float]:
     return out
 
 
+def copy_heldout_rkl(run: OPDRun) -> dict[str, float]:
+    """The rollout copy judged by the teacher, as `evaluate` judges the student (its own temperature-1
+    samples of the same held-out prompts, same seed and length): `copy_heldout_rkl` and its standard
+    error. Its gap to the student's `heldout_rkl` at the same step is how much worse the sampler is at
+    the task (the teacher-side candidate of `mismatch.admission.transfer`). Measured at step 0 only, for a
+    copy with weights of its own there — a format or noise, not a copy equal to the student (clean,
+    resample, reuse; a stale copy before its first update: gap 0 by construction), not an engine — and only
+    with `eval_probe` (the copy is probed)."""
+    copy, cfg, pair = run.rollout_copy, run.config, run.pair
+    if cfg.eval_probe == 0 or copy.is_student or copy.engine is not None or cfg.rollout_spec.copy_spec is None:
+        return {}
+    rkl, se, _ = heldout_rkl(LM(copy.model, run.student.tokenizer, "rollout copy"), pair.teacher, run.eval_set,
+                             chat=pair.chat, student_context=pair.student_context,
+                             teacher_context=pair.teacher_context, max_new_tokens=run.max_new_tokens,
+                             seed=cfg.seed + EVAL_SEED_OFFSET, chunk_tokens=cfg.chunk_tokens)
+    return {"copy_heldout_rkl": rkl, "copy_heldout_rkl_se": se}
+
+
 def evaluate(run: OPDRun) -> dict[str, float]:
     """Step 5: held-out reverse KL and, with a task, sampled exact match with its standard error
     (`heldout_accuracy`, `heldout_accuracy_se`: `mean_se`) and (`eval_greedy`) greedy exact match, and for
@@ -432,7 +450,9 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         one correct response heldout_expected_accuracy (the same exact match's expectation, computed
         without sampling: the accuracy verdicts compare there, `mismatch.opd.verdict.accuracy_metric`)
         and, with `eval_greedy`, heldout_greedy_accuracy; with `eval_probe`, the rollout copy probed
-        against the student on held-out samples (`probe_copy`: copy_kl_fwd_mean, …, copy_rel_l2_final).
+        against the student on held-out samples (`probe_copy`: copy_kl_fwd_mean, …, copy_rel_l2_final)
+        and, at step 0 for a perturbed copy, its own held-out reverse KL to the teacher
+        (`copy_heldout_rkl`, `copy_heldout_rkl_se`).
 
     Raises:
         NumericsError: the loss became NaN/Inf (the rows up to that step are emitted first).
@@ -446,7 +466,8 @@ def train(config: OPDConfig, *, pair: Pair | None = None, on_rows: Callable[[lis
         if on_rows is not None:
             on_rows(new)
 
-    emit(0, {**initial_evaluation(run, eval_cache if pair is None else None), **probe_copy(run)})
+    emit(0, {**initial_evaluation(run, eval_cache if pair is None else None), **probe_copy(run),
+             **copy_heldout_rkl(run)})
     for step in range(1, config.steps + 1):
         metrics = opd_step(run, step)
         if step % config.eval_every == 0 or step == config.steps:

@@ -48,23 +48,29 @@ class FP8Config:
     fmt: str
     granularity: str = "channel"
     w8a8: bool = False
+    scaled_mm: bool = False  # the GEMM on FP8 operands (`torch._scaled_mm`), not de-quantized: needs w8a8
 
     def __post_init__(self) -> None:
         if self.fmt not in ("e4m3", "e5m2"):
             raise InputError(f"unknown FP8 format {self.fmt!r}; valid: e4m3, e5m2")
         if self.granularity not in FP8_GRANULARITIES:
             raise InputError(f"unknown FP8 scale {self.granularity!r}; valid: {', '.join(FP8_GRANULARITIES)}")
+        if self.scaled_mm and not self.w8a8:
+            raise InputError(f"fp8-{self.fmt}:{self.granularity},scaled_mm multiplies FP8 activations: give w8a8 too "
+                             f"(fp8-{self.fmt}:{self.granularity},w8a8,scaled_mm)")
 
     @classmethod
     def from_spec(cls, text: SpecText) -> FP8Config:
-        gran = [o for o in text.options if o != "w8a8"]
+        gran = [o for o in text.options if o not in ("w8a8", "scaled_mm")]
         if len(gran) > 1:
             raise InputError(f"{text.kind} takes one scale granularity ({', '.join(FP8_GRANULARITIES)}) "
-                             f"and optionally w8a8, got {text.rest}")
-        return cls(fmt=text.kind[4:], granularity=gran[0] if gran else "channel", w8a8="w8a8" in text.options)
+                             f"and optionally w8a8 and scaled_mm, got {text.rest}")
+        return cls(fmt=text.kind[4:], granularity=gran[0] if gran else "channel", w8a8="w8a8" in text.options,
+                   scaled_mm="scaled_mm" in text.options)
 
     def __str__(self) -> str:
-        return f"fp8-{self.fmt}:{self.granularity}" + (",w8a8" if self.w8a8 else "")
+        return (f"fp8-{self.fmt}:{self.granularity}" + (",w8a8" if self.w8a8 else "")
+                + (",scaled_mm" if self.scaled_mm else ""))
 
     @property
     def weight_bits(self) -> float:

@@ -10,12 +10,15 @@ from mismatch.perturb.registry import Backend, Kind, register_kind
 
 register_kind(Kind(
     names=("fp8-e4m3", "fp8-e5m2"), config=FP8Config, parse=FP8Config.from_spec, apply="mismatch.perturb.native:_apply_fp8_",
-    backend=Backend.TORCH, usage=("fp8-e4m3:tensor|channel|block128", "fp8-e5m2:…", "…,w8a8"),
+    backend=Backend.TORCH, usage=("fp8-e4m3:tensor|channel|block128", "fp8-e5m2:…", "…,w8a8", "…,w8a8,scaled_mm"),
     description="weights rounded through `torch.float8_e4m3fn` / `float8_e5m2` with an absmax scale per tensor / "
                 "output channel / 128×128 block (saturating), de-quantized, fp32 matmul; `w8a8` adds dynamic "
-                "per-token FP8 rounding of every targeted linear's input",
+                "FP8 rounding of every targeted linear's input, per token (and per 128 columns for block128, as "
+                "vLLM's block FP8); `w8a8,scaled_mm` runs the same operands on the real FP8 GEMM "
+                "(`torch._scaled_mm`: `mismatch.perturb.fp8_gemm`)",
     examples=("fp8-e4m3:tensor", "fp8-e4m3:channel", "fp8-e4m3:block128", "fp8-e4m3:channel,w8a8",
-              "fp8-e5m2:channel", "fp8-e5m2:block128,w8a8")))
+              "fp8-e5m2:channel", "fp8-e5m2:block128,w8a8", "fp8-e4m3:channel,w8a8,scaled_mm",
+              "fp8-e4m3:block128,w8a8,scaled_mm")))
 
 register_kind(Kind(
     names=("int8", "int4", "int3", "int2"), config=IntConfig, parse=IntConfig.from_spec, apply="mismatch.perturb.native:_apply_int_",

@@ -18,16 +18,16 @@ from torch import nn
 from mismatch.errors import InputError
 from mismatch.model.loader import parse_dtype
 from mismatch.model.moe import is_experts
-from mismatch.perturb import rounding
+from mismatch.perturb import fp8_gemm, rounding
 from mismatch.perturb.configs import DtypeConfig, FP8Config, IntConfig, NoiseConfig
 from mismatch.perturb.registry import ApplyContext
 from mismatch.perturb.snapshot import (Snapshot, bias_names, named_targets, swap_param_, swap_weight_, weight_names,
                                        weight_out_in)
 
 
-def _fp8_activation_hook(fmt: str) -> Callable:
+def _fp8_activation_hook(fmt: str, group: int | None) -> Callable:
     def pre_hook(_module, args):
-        return (rounding.round_fp8_per_token(args[0], fmt), *args[1:])
+        return (rounding.round_fp8_per_token(args[0], fmt, group), *args[1:])
     return pre_hook
 
 
@@ -57,12 +57,21 @@ def _apply_fp8_(config: FP8Config, model: nn.Module, names: list[str], snap: Sna
             raise InputError(f"{config} cannot round activations inside the fused experts {experts} (their down "
                              "projection's input never leaves the experts' forward); use weight-only fp8 there "
                              "or a scope without experts (attn)")
-    for _, module in targets:
+    if config.scaled_mm:  # every target must take the kernel before any is changed
+        for name, module in targets:
+            if not fp8_gemm.is_linear(module):
+                raise InputError(f"{config} replaces the GEMM of linear layers only; {name} is a "
+                                 f"{type(module).__name__} (use fp8-{config.fmt}:{config.granularity} there, or a "
+                                 "scope without it)")
+    for name, module in targets:
         for attr in weight_names(module):
-            swap_weight_(snap, module, rounding.round_fp8(weight_out_in(module, attr), config.fmt, config.granularity),
-                         attr)
-        if config.w8a8:
-            snap.hooks.append(module.register_forward_pre_hook(_fp8_activation_hook(config.fmt)))
+            original = weight_out_in(module, attr)
+            swap_weight_(snap, module, rounding.round_fp8(original, config.fmt, config.granularity), attr)
+            if config.scaled_mm:  # the layer's forward on the FP8 GEMM (activations quantized inside)
+                snap.hooks.append(fp8_gemm.install(module, name, original, config.fmt, config.granularity)[1])
+        if config.w8a8 and not config.scaled_mm:
+            group = fp8_gemm.BLOCK if config.granularity == "block128" else None  # as the kernel's activations
+            snap.hooks.append(module.register_forward_pre_hook(_fp8_activation_hook(config.fmt, group)))
 
 
 def _apply_int_(config: IntConfig, model: nn.Module, names: list[str], snap: Snapshot,

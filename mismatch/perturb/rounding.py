@@ -32,9 +32,19 @@ def _safe_scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(absmax > 0, scale, torch.ones_like(scale))
 
 
-def _cast_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+def to_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """`x / scale`, saturated at ±fmax and cast to the FP8 dtype: the stored values of the recipe."""
     fmax = fp8_max(fmt)
-    return (x / scale).clamp_(-fmax, fmax).to(FP8_DTYPES[fmt]).to(x.dtype) * scale
+    return (x / scale).clamp_(-fmax, fmax).to(FP8_DTYPES[fmt])
+
+
+def _cast_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    return to_fp8(x, scale, fmt).to(x.dtype) * scale
+
+
+def fp8_scale(x: torch.Tensor, fmt: str, dim: int | tuple[int, ...] = -1) -> torch.Tensor:
+    """The absmax scale `absmax / fmax` over `dim` (kept), 1 where the group is all zero (fp32)."""
+    return _safe_scale(x.float().abs().amax(dim=dim, keepdim=True), fp8_max(fmt))
 
 
 def round_fp8(weight_RC: torch.Tensor, fmt: str, granularity: str) -> torch.Tensor:
@@ -67,10 +77,16 @@ def round_fp8(weight_RC: torch.Tensor, fmt: str, granularity: str) -> torch.Tens
     return out.to(weight_RC.dtype)
 
 
-def round_fp8_per_token(x_TD: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Dynamic per-token FP8 rounding of activations `[..., D]` (absmax over the last dim)."""
+def round_fp8_per_token(x_TD: torch.Tensor, fmt: str, group: int | None = None) -> torch.Tensor:
+    """Dynamic FP8 rounding of activations `[..., D]`: an absmax scale per token (the last dim), or per
+    token and `group` consecutive columns (the last group may be shorter: vLLM's per-token-group
+    quantization before its block-FP8 GEMM, group 128)."""
     x = x_TD.float()
-    return _cast_fp8(x, _safe_scale(x.abs().amax(dim=-1, keepdim=True), fp8_max(fmt)), fmt).to(x_TD.dtype)
+    if group is None or group >= x.shape[-1]:
+        return _cast_fp8(x, fp8_scale(x, fmt), fmt).to(x_TD.dtype)
+    parts = [_cast_fp8(x[..., a: a + group], fp8_scale(x[..., a: a + group], fmt), fmt)
+             for a in range(0, x.shape[-1], group)]
+    return torch.cat(parts, dim=-1).to(x_TD.dtype)
 
 
 def round_int(weight_RC: torch.Tensor, bits: int, group_size: int | None) -> torch.Tensor:

@@ -25,8 +25,9 @@ def admission_markdown(t: Thresholds) -> str:
              "rollout tokens, before any update (the perturbed initial student against the initial student; "
              "mean over seeds). Label: " + prov.get("label", "") + ". A limit sits at the geometric midpoint of the "
              "split that best separates the labels; *pinned to* is the interval any limit separating them as well "
-             "could take. Staleness and reuse measure 0 before training and are not fitted (the check carries "
-             "their study verdicts over).", "",
+             "could take. Staleness and reuse measure 0 before training and are not fitted here (the check measures "
+             "them with a teacher against the window limit, admission_transfer.md, or carries their study verdicts "
+             "over).", "",
              f"Fitted on {', '.join(prov.get('results', []))}: {prov.get('opd_runs', '?')} OPD runs, "
              f"{len(t.points)} levels, {sum(p.get('decided', True) for p in t.points)} decided "
              f"({sum(p.get('decided', True) and not p['tolerated'] for p in t.points)} not tolerated; undecided levels "
@@ -61,7 +62,31 @@ def admission_markdown(t: Thresholds) -> str:
     lines += ["", f"With {t.primary}: {right} of {n} held-out levels predicted right; always admitting gets {always} of "
               f"{n}. " + ("No better than always admitting." if right <= always else
                           f"The check differs from always admitting on {n - always} not-tolerated level(s).")]
+    lines += _drift_lines(t)
     return "\n".join(lines) + "\n"
+
+
+def _drift_lines(t: Thresholds) -> list[str]:
+    """The drift margin per static source, the limit it lowers the fitted one to, and the decided levels
+    of that source it would move from admit to uncertain (their first-step value between the two)."""
+    if not t.drift:
+        return []
+    limit = t.limits[t.primary]
+    lines = ["", "## Drift margin", "",
+             f"Per static source, the in-training peak of {t.primary} over its first-step value across the study's "
+             "levels (admission_transfer.md): the fitted limit absorbed the median drift; a run drifting as the "
+             "largest did meets it from limit × margin, where the check answers uncertain. *Moved* counts the "
+             "decided levels of the source whose first-step value lies between the two.", "",
+             "| source | levels | median | largest | margin | lowered limit | moved: tolerated | moved: not |",
+             "|---|---|---|---|---|---|---|---|"]
+    for source, d in sorted(t.drift.items()):
+        low = limit * d["margin"]
+        moved = [p for p in t.points if p["source"] == source and p.get("decided", True)
+                 and low < p.get(t.primary, math.nan) <= limit]
+        tol = sum(bool(p["tolerated"]) for p in moved)
+        lines.append(f"| {source} | {d['levels']} | {d['median']:.3g} | {d['largest']:.3g} | {d['margin']:.3g} | "
+                     f"{low:.3g} | {tol} | {len(moved) - tol} |")
+    return lines
 
 
 def _label(point: dict) -> str:

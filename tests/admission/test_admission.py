@@ -21,9 +21,10 @@ from mismatch.model.generate import generate
 PROMPTS = ["the cat sat", "a b c d e", "hello there", "sort 3 1 2"]
 
 
-def _thresholds(limit, lagged=()):
+def _thresholds(limit, lagged=(), drift=None):
     return Thresholds(primary="mismatch_kl", limits={"mismatch_kl": limit}, brackets={"mismatch_kl": [0.0, 1.0]},
-                      points=[], validation=[], lagged=list(lagged), provenance={"results": ["hand-made"]})
+                      points=[], validation=[], lagged=list(lagged), provenance={"results": ["hand-made"]},
+                      drift=drift or {})
 
 
 def _direct_logprobs(model, batch):
@@ -64,6 +65,27 @@ def test_identical_rollouts_admit_and_a_large_mismatch_is_rejected():
     assert same.status == "admit" and same.admitted and not same.violations
     broken = check(lm, "noise:2.0", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), thresholds={"mismatch_kl": 1e-3})
     assert broken.status == "reject" and broken.violations[0].low > 1e-3
+
+
+def test_the_drift_margin_lowers_the_fitted_limit_and_answers_uncertain_between_the_two():
+    """The fitted gate judged again at limit × margin: a first-step value admitted by the fitted limit but
+    not by the lowered one is uncertain; admitted by both, admit; a source the drift never measured is said."""
+    lm = mismatch.load("tiny-llama")
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=8)
+    free = check(lm, "noise:0.3", calibration=cal, thresholds={"mismatch_kl": 10.0}, seed=3).decisions[0]
+    assert free.high > 0
+    for limit, margin, status in ((1.5 * free.high, 0.5, "uncertain"), (2 * free.high, 0.9, "admit")):
+        drift = {"noise": {"levels": 4, "median": margin, "largest": 1.0, "margin": margin}}
+        got = check(lm, "noise:0.3", calibration=cal, thresholds=_thresholds(limit, drift=drift), seed=3)
+        fitted, margined = got.decisions[0], got.decisions[1]
+        assert fitted.status == "admit" and margined.metric == "drift/mismatch_kl"
+        assert margined.limit == pytest.approx(limit * margin) and margined.value == fitted.value
+        assert margined.status == status == got.status
+        assert any(n.startswith("drift margin:") and f"× {margin:.3g}" in n for n in got.notes)
+    other = check(lm, "noise:0.3", calibration=cal, seed=3,
+                  thresholds=_thresholds(2 * free.high, drift={"format": {"levels": 4, "median": 1.0, "largest": 1.0,
+                                                                           "margin": 1.0}}))
+    assert len(other.decisions) == 1 and any("measured no noise level's drift" in n for n in other.notes)
 
 
 def test_same_seed_same_answer_and_the_spec_scope_is_recorded():

@@ -107,8 +107,13 @@ def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_o
     assert v["copy-x"]["always_admit_accuracy"] == 0.5
     assert v["sort-gpt2"]["accuracy"] == 1.0 and v["sort-gpt2"]["always_admit_accuracy"] == pytest.approx(2 / 3)
     assert [(r["source"], r["level"], r["verdict"]) for r in t.lagged] == [("stale", 2, "not tolerated")] * 3
+    # drift: every level's step 2 is 5× its step 1, so window and end (steps 1–2) are 3× the first step;
+    # the format levels at ≥ 0.01 nats (all but reverse-qwen3's fp8 at 0.0042) drift alike: margin 1
+    assert t.drift["format"] == pytest.approx({"levels": 5, "median": 3.0, "largest": 3.0, "margin": 1.0})
+    assert t.drift["noise"]["levels"] == 2 and "stale" not in t.drift
     back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
     assert back.limits == t.limits and back.brackets == t.brackets and len(back.points) == len(t.points)
+    assert back.drift == t.drift
 
 
 def test_validate_on_points_counts_by_hand():

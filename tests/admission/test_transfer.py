@@ -115,7 +115,8 @@ def test_drift_is_the_ratio_of_the_window_to_the_first_step_and_of_the_last_step
     from mismatch.admission.transfer import drift_table
 
     analysis = analyse(study)
-    drift = drift_table(level_points(study, analysis.runs, analysis.levels, window=WINDOW)).set_index("source")
+    drift = drift_table(level_points(study, analysis.runs, analysis.levels, window=WINDOW),
+                        floor=1e-3).set_index("source")
     # int8: first 0.01, window (steps 1–2) 0.01, end (steps 4–5) 0.02; int4: 0.05 throughout
     assert drift.loc["format", "window_over_first_n"] == 2 and drift.loc["format", "window_over_first_max"] == pytest.approx(1.0)
     assert drift.loc["format", "end_over_window_max"] == pytest.approx(2.0)
@@ -124,3 +125,36 @@ def test_drift_is_the_ratio_of_the_window_to_the_first_step_and_of_the_last_step
     assert drift.loc["stale", "window_over_first_n"] == 0
     assert drift.loc["stale", "end_over_window_max"] == pytest.approx(0.04 / 0.03)
     assert drift.loc["stale", "end_over_window_median"] == pytest.approx(0.7 / 0.6)
+    # the peak (the larger of window and end) over the first step: int8 0.02 / 0.01, int4 1 → margin 1.5 / 2;
+    # noise 1.0 and 2.0 constant: ratios 1, margin 1; a lagged source has no margin
+    assert drift.loc["format", "peak_over_first_max"] == pytest.approx(2.0)
+    assert drift.loc["format", "peak_over_first_median"] == pytest.approx(1.5)
+    assert drift.loc["format", "margin"] == pytest.approx(0.75)
+    assert drift.loc["noise", "margin"] == pytest.approx(1.0) and math.isnan(drift.loc["stale", "margin"])
+
+
+def test_the_teacher_side_gap_is_the_copys_heldout_kl_over_the_students_or_the_lag_times_the_twins_progress():
+    """A static copy: its step-0 held-out KL to the teacher minus the student's (`_run` writes 2.0 for the
+    student; the int4 copy measured 2.3); a lagged copy: lag × its clean twins' held-out KL decrease per
+    step (2.0 → 1.0 over STEPS in every `_run`): K for stale:K, (R − 1)/2 for reuse:R. An unmeasured static
+    copy has none; the lagged run's own curve is not used (here its run falls as fast: the same numbers)."""
+    from mismatch.admission.transfer import GAP
+
+    base = OPDConfig(pair="a", steps=STEPS, batch_size=4)
+    frames = []
+    for seed in range(3):
+        for rollout in ("none", "int4:group128", "noise:0.1", "stale:2", "reuse:3"):
+            run = _run(dataclasses.replace(base, rollout=rollout, seed=seed), 0.5, [0.01] * STEPS)
+            if rollout == "int4:group128":
+                run = pd.concat([run, run.iloc[:1].assign(metric="copy_heldout_rkl", value=2.3)], ignore_index=True)
+            if rollout == "stale:2":  # the lagged run's own curve rises: its gap must not follow it
+                run.loc[(run["metric"] == "heldout_rkl") & (run["step"] == STEPS), "value"] = 3.0
+            frames.append(run)
+    study = pd.concat(frames, ignore_index=True)
+    analysis = analyse(study)
+    points = level_points(study, analysis.runs, analysis.levels, window=WINDOW).set_index(["source", "level"])
+    per_step = (2.0 - 1.0) / STEPS
+    assert points.loc[("format", "int4:group128"), GAP] == pytest.approx(0.3)
+    assert points.loc[("stale", "2"), GAP] == pytest.approx(2 * per_step)
+    assert points.loc[("reuse", "3"), GAP] == pytest.approx(1 * per_step)
+    assert math.isnan(points.loc[("noise", "0.1"), GAP])

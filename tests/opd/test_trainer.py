@@ -323,3 +323,26 @@ def test_every_evaluation_probes_the_rollout_copy_as_a_static_probe_would():
     assert _by(stale, "copy_kl_fwd_mean")[SHORT["steps"]] > 0  # one update behind
     for quiet in (OPDConfig(**{**SHORT, "eval_probe": 8}), OPDConfig(**{**SHORT, "eval_probe": 0}, rollout="int4:group128")):
         assert not any(r["metric"].startswith("copy_") for r in train(quiet))
+    assert "copy_heldout_rkl" not in {r["metric"] for r in stale}  # equal to the student at step 0: gap 0
+
+
+def test_the_copys_heldout_kl_is_the_students_evaluation_run_on_the_perturbed_weights():
+    """`copy_heldout_rkl` at step 0 (and only there) is `heldout_rkl` of the perturbed initial student,
+    same prompts and seed; measuring it (and probing the copy) changes no other row of the run."""
+    from mismatch.opd.trainer import EVAL_SEED_OFFSET, heldout_rkl, setup
+    from mismatch.perturb import perturbed
+
+    cfg = OPDConfig(**{**SHORT, "eval_probe": 8}, rollout="noise:0.05")
+    rows = train(cfg)
+    run = setup(cfg)
+    pair = run.pair
+    with perturbed(pair.student.model, "noise:0.05", seed=cfg.seed):
+        want, want_se, _ = heldout_rkl(pair.student, pair.teacher, run.eval_set, chat=pair.chat,
+                                       student_context=pair.student_context, teacher_context=pair.teacher_context,
+                                       max_new_tokens=run.max_new_tokens, seed=cfg.seed + EVAL_SEED_OFFSET,
+                                       chunk_tokens=cfg.chunk_tokens)
+    assert _by(rows, "copy_heldout_rkl") == {0: pytest.approx(want, rel=1e-9)}
+    assert _by(rows, "copy_heldout_rkl_se") == {0: pytest.approx(want_se, rel=1e-9)}
+    assert want != _by(rows, "heldout_rkl")[0]  # the copy's own samples and log-probs, not the student's
+    quiet = train(dataclasses.replace(cfg, eval_probe=0))
+    assert strip(quiet) == [r for r in strip(rows) if not r["metric"].startswith("copy_")]

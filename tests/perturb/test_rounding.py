@@ -68,6 +68,18 @@ def test_fp8_per_token_activations():
         assert torch.equal(out[b, t], ref)
 
 
+def test_fp8_per_token_group_activations_scale_each_128_columns_on_their_own():
+    x = torch.randn(2, 3, 300, generator=torch.Generator().manual_seed(2)) * torch.logspace(-3, 2, 300)
+    out = round_fp8_per_token(x, "e4m3", group=128)
+    for b, t in itertools.product(range(2), range(3)):
+        for a in (0, 128, 256):  # the last group holds 44 columns
+            part = x[b, t, a: a + 128]
+            scale = torch.tensor(float(part.abs().max()) / 448.0)
+            ref = torch.clamp(part / scale, -448, 448).to(torch.float8_e4m3fn).float() * scale
+            assert torch.equal(out[b, t, a: a + 128], ref)
+    assert torch.equal(round_fp8_per_token(x, "e4m3", group=512), round_fp8_per_token(x, "e4m3"))
+
+
 def _slow_int(w, bits, group):
     qmax = 2 ** (bits - 1) - 1
     out = torch.empty_like(w)

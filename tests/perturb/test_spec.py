@@ -9,11 +9,12 @@ from mismatch.perturb.spec import KINDS, parse_spec
 
 # canonical spec -> the result columns its config flattens to (written out by hand)
 CANONICAL = {
-    "fp8-e4m3:tensor": {"fmt": "e4m3", "granularity": "tensor", "w8a8": False},
-    "fp8-e4m3:channel": {"fmt": "e4m3", "granularity": "channel", "w8a8": False},
-    "fp8-e4m3:block128": {"fmt": "e4m3", "granularity": "block128", "w8a8": False},
-    "fp8-e4m3:channel,w8a8": {"fmt": "e4m3", "granularity": "channel", "w8a8": True},
-    "fp8-e5m2:block128,w8a8": {"fmt": "e5m2", "granularity": "block128", "w8a8": True},
+    "fp8-e4m3:tensor": {"fmt": "e4m3", "granularity": "tensor", "w8a8": False, "scaled_mm": False},
+    "fp8-e4m3:channel": {"fmt": "e4m3", "granularity": "channel", "w8a8": False, "scaled_mm": False},
+    "fp8-e4m3:block128": {"fmt": "e4m3", "granularity": "block128", "w8a8": False, "scaled_mm": False},
+    "fp8-e4m3:channel,w8a8": {"fmt": "e4m3", "granularity": "channel", "w8a8": True, "scaled_mm": False},
+    "fp8-e5m2:block128,w8a8": {"fmt": "e5m2", "granularity": "block128", "w8a8": True, "scaled_mm": False},
+    "fp8-e4m3:block128,w8a8,scaled_mm": {"fmt": "e4m3", "granularity": "block128", "w8a8": True, "scaled_mm": True},
     "int8:channel": {"bits": 8, "granularity": "channel"},
     "int4:group128": {"bits": 4, "granularity": "group128"},
     "int4:group32": {"bits": 4, "granularity": "group32"},

@@ -23,3 +23,23 @@ def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(st
     # nine levels: five tolerated, three lose ≥ 2 points, one undecided (listed, not fitted)
     assert len(points) == 9 and points["decided"].sum() == 8 and points["tolerated"].sum() == 5
     assert int(primary["levels"].sum()) == 8 and "| not fitted (undecided) |" in text
+
+
+def test_the_drift_margin_section_counts_the_decided_levels_it_would_make_uncertain():
+    from mismatch.admission.thresholds import Thresholds
+    from mismatch.report.admission import admission_markdown
+
+    def point(value, tolerated, decided=True):
+        return {"pair": "p", "source": "format", "level": f"l{value}", "seeds": 3, "mismatch_kl": value,
+                "acc_delta": 0.0, "acc_delta_hw": 0.01, "kl_ratio": 1.0, "kl_ratio_hw": 0.01,
+                "verdict": "tolerated" if tolerated else "not tolerated", "decided": decided, "tolerated": tolerated}
+
+    # limit 0.1, margin 0.5: (0.05, 0.1] holds 0.06 (tolerated), 0.09 (not) and 0.07 (undecided: not counted)
+    points = [point(0.04, True), point(0.06, True), point(0.09, False), point(0.07, True, decided=False),
+              point(0.2, False)]
+    t = Thresholds(primary="mismatch_kl", limits={"mismatch_kl": 0.1}, brackets={"mismatch_kl": [0.06, 0.2]},
+                   points=points, validation=[], lagged=[], provenance={"results": ["hand-made"]},
+                   drift={"format": {"levels": 6, "median": 0.9, "largest": 1.8, "margin": 0.5}})
+    text = admission_markdown(t)
+    assert "| format | 6 | 0.9 | 1.8 | 0.5 | 0.05 | 1 | 1 |" in text
+    assert "## Drift margin" not in admission_markdown(Thresholds(**{**t.__dict__, "drift": {}}))
