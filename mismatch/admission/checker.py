@@ -53,7 +53,7 @@ from mismatch.engines import score_rollouts
 from mismatch.engines.source import open_source
 from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
-from mismatch.model.loader import LM
+from mismatch.model.loader import LM, parse_dtype
 from mismatch.pairs.registry import check_same_vocabulary, load_member
 from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
@@ -185,7 +185,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
           seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
-          teacher: str | LM | None = None, progress: Callable[[str], None] | None = None) -> Admission:
+          teacher: str | LM | None = None, ref_dtype: str = "fp32",
+          progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -208,6 +209,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
         teacher: the OPD teacher (a model spec or an LM): with it a lag or reuse is measured on `model`
             (`mismatch.admission.lagged`), without it carried over from the study where its settings match.
+        ref_dtype: the precision `model` is loaded in — the trainer's (`fp32`, `bf16` for a checkpoint that
+            trains in bf16, `fp16`): the reference pass and the rollout copy (the format applied to those
+            weights) both run in it; the statistics are accumulated in float64 whatever it is. Ignored for
+            an `LM`, used as it is. A lag is measured in fp32 only (it trains the checkpoint).
         progress: `progress(message)` as each stage starts (loading, sampling, scoring, the recipe's
             search): the CLI prints them on stderr.
 
@@ -224,10 +229,13 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         if rollout is not None:  # an explicit spec is never dropped in favour of the dump
             raise InputError("give either a rollout spec or a rollouts file, not both")
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
-                           recipe=recipe, say=say)
+                           recipe=recipe, say=say, ref_dtype=ref_dtype)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
+    if teacher is not None and pipeline.lags and parse_dtype(ref_dtype) != torch.float32:
+        raise InputError(f"measuring a lag trains the checkpoint, in fp32 here: give --ref-dtype fp32 with --teacher "
+                         f"(got {ref_dtype})")
     say(f"loading {model if isinstance(model, str) else model.name}")
-    name, lm = _loaded(model, seed)
+    name, lm = _loaded(model, seed, ref_dtype)
     select(lm.model, layers)  # fail fast on a bad scope
     cal = calibration_prompts(name, calibration.prompts, calibration.n_prompts, seed)
     use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
@@ -242,7 +250,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     lagged = _lagged(table, pipeline) if teacher is None or not pipeline.lags else [
         _measured_lag(lm, name, teacher, table, pipeline, cal, sample, say)]
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
-            "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]"}
+            "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]",
+            "ref_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}
     drift = _drift_margin(table, decisions[0], RolloutSpec.parse(str(spec)).source) if fitted else (None, "")
     decisions += [d for d, _ in (drift, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
@@ -309,9 +318,10 @@ def _rollout_spec(rollout: str):
     return parse_spec(rollout)
 
 
-def _loaded(model: str | LM, seed: int) -> tuple[str, LM]:
-    """The model's name and the model."""
-    return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed))
+def _loaded(model: str | LM, seed: int, dtype: str = "fp32") -> tuple[str, LM]:
+    """The model's name and the model (a spec loaded in `dtype`; an LM as it is)."""
+    return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed,
+                                                                                   dtype=parse_dtype(dtype)))
 
 
 def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresholds, list[Gate]]:
@@ -328,10 +338,11 @@ def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]
 
 
 def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
-                presets: tuple[str, ...], clip: float, recipe: bool | None, say: Callable[[str], None]) -> Admission:
+                presets: tuple[str, ...], clip: float, recipe: bool | None, say: Callable[[str], None],
+                ref_dtype: str = "fp32") -> Admission:
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
     say(f"loading {model if isinstance(model, str) else model.name}")
-    name, lm = _loaded(model, seed)
+    name, lm = _loaded(model, seed, ref_dtype)
     table, gates = _thresholds_and_gates(thresholds, presets)
     say(f"scoring the rollouts of {rollouts}")
     scored = score_rollouts(lm, rollouts, clip=clip)

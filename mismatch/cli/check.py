@@ -36,6 +36,8 @@ def check(
     n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
+    ref_dtype: Annotated[str, typer.Option(help="The trainer's precision, MODEL's dtype in the check: fp32, bf16 "
+                                                "or fp16.")] = "fp32",
     recipe: Annotated[bool | None, typer.Option("--recipe/--no-recipe", help="Search a mixed-precision recipe "
                                                 "whatever the answer / never (default: on a reject).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
@@ -56,7 +58,7 @@ def check(
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
-                                        rollouts=rollouts, teacher=teacher, progress=say)
+                                        rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, progress=say)
     if json_out:
         typer.echo(json_text(admission.to_dict()))
     else:

@@ -88,6 +88,23 @@ def test_the_drift_margin_lowers_the_fitted_limit_and_answers_uncertain_between_
     assert len(other.decisions) == 1 and any("measured no noise level's drift" in n for n in other.notes)
 
 
+def test_the_reference_runs_in_the_trainers_precision():
+    """`ref_dtype`: the model the check loads (and the copy made from it) in bf16; the same weights under no
+    perturbation give exactly 0; a lag is not measured in bf16; a bad dtype is one clear error."""
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6)
+    same = check("tiny-llama", "noise:0", calibration=cal, thresholds={"mismatch_kl": 1.0}, ref_dtype="bf16")
+    assert same.calibration["ref_dtype"] == "bfloat16" and same.metrics["mismatch_kl"] == 0.0
+    fp8 = {d: check("tiny-llama", "fp8-e4m3:channel", calibration=cal, thresholds={"mismatch_kl": 1.0}, ref_dtype=d)
+           for d in ("fp32", "bf16")}
+    assert fp8["fp32"].calibration["ref_dtype"] == "float32"
+    assert fp8["bf16"].metrics["mismatch_kl"] != fp8["fp32"].metrics["mismatch_kl"]
+    with pytest.raises(InputError, match="fp32"):
+        check("tiny-llama", "noise:0", calibration=cal, teacher="tiny-llama", pipeline=Pipeline(staleness=1),
+              ref_dtype="bf16")
+    with pytest.raises(InputError, match="unknown dtype"):
+        check("tiny-llama", "noise:0", calibration=cal, ref_dtype="fp64x")
+
+
 def test_same_seed_same_answer_and_the_spec_scope_is_recorded():
     lm = mismatch.load("tiny-qwen3")
     a = check(lm, "fp8-e4m3:channel", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=8), layers="mlp", thresholds={"mismatch_kl": 1.0}, seed=5)
