@@ -157,16 +157,27 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     return points.reset_index(drop=True)
 
 
-def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
-    """Leave one pair out, each pair in turn: the limit fitted on the other pairs, its confusion
-    counts on the held-out pair's levels, its accuracy and that of always admitting."""
+def held_out_predictions(points: pd.DataFrame, statistic: str) -> pd.DataFrame:
+    """Leave one pair out, each pair in turn: every level of the held-out pair with the limit fitted on the
+    other pairs (`limit`) and whether it admits the level (`admitted`), beside its label (`tolerated`)."""
     out = []
     for pair in sorted(points["pair"].unique()):
         train, test = points[points["pair"] != pair], points[points["pair"] == pair]
         limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
+        out.append(test.assign(held_out=pair, limit=limit,
+                               admitted=test[statistic].to_numpy(dtype=float) <= limit))
+    return pd.concat(out, ignore_index=True) if out else points.assign(held_out=[], limit=[], admitted=[])
+
+
+def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
+    """Leave one pair out (`held_out_predictions`): per held-out pair the limit fitted on the other pairs,
+    its confusion counts on the held-out pair's levels, its accuracy and that of always admitting."""
+    out = []
+    for pair, test in held_out_predictions(points, statistic).groupby("held_out", sort=True):
         x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
-        conf = confusion(x, y, limit)
-        out.append({"statistic": statistic, "held_out": pair, "limit": limit, "levels": len(test), **conf,
+        conf = confusion(x, y, float(test["limit"].iloc[0]))
+        out.append({"statistic": statistic, "held_out": pair, "limit": float(test["limit"].iloc[0]),
+                    "levels": len(test), **conf,
                     "accuracy": (conf["admit_tolerated"] + conf["reject_not"]) / max(len(test), 1),
                     "always_admit_accuracy": float(y.mean()) if len(y) else math.nan})
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows
+from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows
 from mismatch.errors import InputError
 from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
 from mismatch.opd.tolerance import Analysis, analyse
@@ -62,8 +62,42 @@ def admission_markdown(t: Thresholds) -> str:
     lines += ["", f"With {t.primary}: {right} of {n} held-out levels predicted right; always admitting gets {always} of "
               f"{n}. " + ("No better than always admitting." if right <= always else
                           f"The check differs from always admitting on {n - always} not-tolerated level(s).")]
+    lines += _held_out_by(t)
     lines += _drift_lines(t)
     return "\n".join(lines) + "\n"
+
+
+LENGTH_BUCKETS = (16, 64, 256, 1024)  # response tokens: the bucket edges the leave-one-pair-out table uses
+
+
+def _length_bucket(tokens: float) -> str:
+    edges = [0, *LENGTH_BUCKETS, math.inf]
+    for lo, hi in zip(edges, edges[1:]):
+        if lo <= tokens < hi:
+            return f"{lo}–{hi}" if hi != math.inf else f"≥ {lo}"
+    return "unknown"
+
+
+def _held_out_by(t: Thresholds) -> list[str]:
+    """The primary statistic's leave-one-pair-out predictions per source and per response length, against
+    always admitting and always rejecting the same levels."""
+    points = pd.DataFrame(t.points)
+    if points.empty or t.primary not in points:
+        return []
+    decided = points[points["decided"].astype(bool)]
+    if decided["pair"].nunique() < 2:
+        return []
+    pred = held_out_predictions(decided, t.primary)
+    pred = pred.assign(right=pred["admitted"] == pred["tolerated"].astype(bool),
+                       length=pred["response_tokens"].map(_length_bucket))
+    lines = ["", f"### {t.primary} leaving one pair out, per source and per response length", "",
+             f"Decided levels only; pairs: {', '.join(sorted(decided['pair'].unique()))}.", "",
+             "| by | group | levels | right | always admit | always reject |", "|---|---|---|---|---|---|"]
+    for by in ("source", "length"):
+        for group, g in pred.groupby(by, sort=True):
+            tol = int(g["tolerated"].astype(bool).sum())
+            lines.append(f"| {by} | {group} | {len(g)} | {int(g['right'].sum())} | {tol} | {len(g) - tol} |")
+    return lines
 
 
 def _drift_lines(t: Thresholds) -> list[str]:

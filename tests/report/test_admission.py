@@ -23,6 +23,12 @@ def test_the_report_writes_the_limits_the_levels_and_the_held_out_predictions(st
     # nine levels: five tolerated, three lose ≥ 2 points, one undecided (listed, not fitted)
     assert len(points) == 9 and points["decided"].sum() == 8 and points["tolerated"].sum() == 5
     assert int(primary["levels"].sum()) == 8 and "| not fitted (undecided) |" in text
+    # per source and per length: the same held-out predictions, tallied by group, add up to the totals
+    for by in ("source", "length"):
+        rows = re.findall(rf"^\| {by} \| [^|]+ \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", text, flags=re.M)
+        assert sum(int(r[0]) for r in rows) == 8 and sum(int(r[1]) for r in rows) == right
+        assert all(int(r[2]) + int(r[3]) == int(r[0]) for r in rows)
+    assert re.search(r"^\| source \| noise \| 2 \|", text, flags=re.M)  # sort-gpt2's and reverse-qwen3's
 
 
 def test_the_drift_margin_section_counts_the_decided_levels_it_would_make_uncertain():
