@@ -49,7 +49,8 @@ def test_the_study_page_includes_the_headline_the_reports_wrote():
 
 @pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated"), ("docs/study.md", None),
                                           ("docs/admission.md", "Where the limit comes from"),
-                                          ("docs/admission.md", "One statistic across sources")])
+                                          ("docs/admission.md", "One statistic across sources"),
+                                          ("docs/admission.md", "Drift")])
 def test_every_number_quoted_is_in_the_reports(page, heading):
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text

@@ -125,20 +125,16 @@ def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *
     stats = run_statistics(rows, window=window)
     mine = runs[~runs["clean"] & runs["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
     mine = mine[LEVEL_KEYS + ["run_id"]].join(stats, on="run_id")
-    twins = runs[runs["clean"]][["pair", "settings", "run_id"]].join(stats["progress:heldout_rkl"], on="run_id")
-    twin_progress = twins.groupby(["pair", "settings"])["progress:heldout_rkl"].mean()
     lagged = mine["source"].isin(LAGGED_SOURCES)
-    lags = pd.Series([lag_steps(RolloutSpec.parse(f"{source}:{level}")) for source, level
-                      in mine.loc[lagged, ["source", "level"]].itertuples(index=False)], index=mine.index[lagged])
-    per_step = pd.Series([twin_progress.get((p, s), math.nan) for p, s in mine.loc[lagged, ["pair", "settings"]]
-                          .itertuples(index=False)], index=lags.index, dtype=float)
-    mine.loc[lagged, GAP] = lags * per_step  # the lag's worth of its twins' progress
-    stats = stats.drop(columns="progress:heldout_rkl")
-    if GAP not in stats:
-        stats[GAP] = math.nan
-    if mine[GAP].isna().all():
-        stats = stats.drop(columns=GAP)
-    means = mine.groupby(LEVEL_KEYS, sort=False)[list(stats.columns)].mean()
+    if lagged.any():  # a lag's gap: its worth of the twins' progress (`teacher_gap`)
+        twins = runs[runs["clean"]][["pair", "settings", "run_id"]].join(stats["progress:heldout_rkl"], on="run_id")
+        per_step = twins.groupby(["pair", "settings"])["progress:heldout_rkl"].mean()
+        mine.loc[lagged, GAP] = [lag_steps(RolloutSpec.parse(f"{r.source}:{r.level}"))
+                                 * per_step.get((r.pair, r.settings), math.nan)
+                                 for r in mine[lagged].itertuples(index=False)]
+    columns = [c for c in stats.columns if c != "progress:heldout_rkl"]
+    columns += [GAP] if GAP in mine and GAP not in columns else []
+    means = mine.groupby(LEVEL_KEYS, sort=False)[columns].mean()
     points = levels[levels["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
     points = points[LEVEL_KEYS + ["loss", "verdict", "response_tokens"]].join(means, on=LEVEL_KEYS)
     if "window:mismatch_kl" in points:

@@ -12,8 +12,10 @@ accumulate). The bias is added after, in the output's precision.
 The fake-quantized path (`…,w8a8` without `scaled_mm`) de-quantizes both operands and multiplies in the
 model's precision; the two differ only by where the products are rounded and summed: each product of two
 FP8 values is exact in fp32 (4 + 4 significant bits), so on a CPU, where the kernel accumulates in fp32,
-|kernel − exact| ≤ (γ_K + 2u)·Σ_k |a_k s_a||b_k s_b| with u = 2⁻²⁴ and γ_K = K·u / (1 − K·u) — tested. On CUDA
-the kernel writes bf16 (row-wise scaling requires it on Hopper), so one more rounding (2⁻⁸ relative) follows.
+each of the ≤ K + B + 4 fp32 operations a term meets (scaling, the K-term sum, B column groups' partial
+sums, the bias) costs at most one unit roundoff u = 2⁻²⁴: |kernel − exact| ≤ γ_{K+B+4}·(Σ_k |a_k s_a||b_k s_b|
++ |bias|), γ_n = n·u / (1 − n·u) — tested. On CUDA the kernel writes bf16 (row-wise scaling requires it on
+Hopper), so one more rounding (2⁻⁸ relative) follows.
 
 The layer's weight is also swapped for its de-quantized FP8 value, so whatever reads the weight (hashes,
 exports, the cost model) sees the rounded one; `restore_` removes the kernel and puts the weight back bit
@@ -93,7 +95,8 @@ def fp8_linear(x: torch.Tensor, weight: FP8Weight, bias: torch.Tensor | None) ->
     lead, K = x.shape[:-1], x.shape[-1]
     out_dtype = torch.bfloat16 if x.is_cuda else torch.float32
     y = None
-    for block, scale_1N, (qa, sa) in zip(weight.blocks, weight.scales_1N, quantize_activations(x.reshape(-1, K), weight)):
+    activations = quantize_activations(x.reshape(-1, K), weight)
+    for block, scale_1N, (qa, sa) in zip(weight.blocks, weight.scales_1N, activations):
         part = torch._scaled_mm(qa, block.t(), scale_a=sa, scale_b=scale_1N, out_dtype=out_dtype).float()
         y = part if y is None else y + part
     if bias is not None:
@@ -112,7 +115,8 @@ class KernelHandle:
         self.module.__dict__.pop("forward", None)
 
 
-def install(module: nn.Module, name: str, weight_NK: torch.Tensor, fmt: str, granularity: str) -> tuple[FP8Weight, KernelHandle]:
+def install(module: nn.Module, name: str, weight_NK: torch.Tensor, fmt: str,
+            granularity: str) -> tuple[FP8Weight, KernelHandle]:
     """Route `module`'s forward through `fp8_linear` with `weight_NK` (out × in) stored in FP8."""
     if not is_linear(module):
         raise InputError(f"scaled_mm replaces the GEMM of linear layers only; {name} is a {type(module).__name__} "
