@@ -153,12 +153,18 @@ def cost_factors(model: nn.Module, spec: str | None, layers: str = "linear") -> 
 REAL_KERNELS = (BnbConfig, QuantoConfig)  # formats with kernels of their own; torch-native ones run fake-quantized
 
 
+def has_real_kernels(config) -> bool:
+    """The format runs kernels of its own (bitsandbytes, optimum-quanto, FP8 on `torch._scaled_mm`), so its
+    generation speed says something about an engine's; a fake-quantized one runs the reference's kernels."""
+    return isinstance(config, REAL_KERNELS) or isinstance(config, FP8Config) and config.scaled_mm
+
+
 def generation_speed(lm, spec: str | None, prompts: list[str], *, max_new_tokens: int = 64, layers: str = "linear",
                      seed: int = 0, device: str = "cuda") -> dict[str, float]:
     """Measured generation speed of `lm` (under `spec`, None: as it is) on `device`: `tokens` generated
     (response tokens, EOS included), `seconds` of `generate` (after one warm-up call), `tokens_per_s`.
 
-    Only formats with kernels of their own (`REAL_KERNELS`: bitsandbytes, optimum-quanto) say anything
+    Only formats with kernels of their own (`has_real_kernels`: bitsandbytes, optimum-quanto, `…,scaled_mm`) say anything
     about a real engine's speed; torch-native formats here are fake-quantized and run the reference's
     kernels. The model is moved to `device` and back.
     """
@@ -196,7 +202,7 @@ def measured_cost(lm, spec: str, prompts: list[str], *, layers: str = "linear", 
     `measured`); None otherwise."""
     import torch
 
-    if not torch.cuda.is_available() or not isinstance(parse_spec(spec), REAL_KERNELS):
+    if not torch.cuda.is_available() or not has_real_kernels(parse_spec(spec)):
         return None
     ref = generation_speed(lm, None, prompts, layers=layers, seed=seed)
     cand = generation_speed(lm, spec, prompts, layers=layers, seed=seed)

@@ -70,8 +70,17 @@ def test_generation_speed_counts_the_generated_tokens():
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA: measured generation speed")
 def test_measured_cost_on_cuda_is_labelled_and_positive():
     lm = mismatch.load("smollm2-135m")
-    got = measured_cost(lm, "bnb-nf4", ["What is the capital of France?"] * 8)
-    assert got["label"] == "measured" and got["rollout_cost"] > 0 and got["reference_tokens_per_s"] > 0
+    for spec in ("bnb-nf4", "fp8-e4m3:channel,w8a8,scaled_mm"):  # kernels of their own: measured
+        got = measured_cost(lm, spec, ["What is the capital of France?"] * 8)
+        assert got["label"] == "measured" and got["rollout_cost"] > 0 and got["reference_tokens_per_s"] > 0
+
+
+def test_only_formats_with_kernels_of_their_own_are_timed():
+    from mismatch.perturb import parse_spec
+    from mismatch.rollout_cost import has_real_kernels
+
+    assert has_real_kernels(parse_spec("fp8-e4m3:channel,w8a8,scaled_mm")) and has_real_kernels(parse_spec("bnb-nf4"))
+    assert not has_real_kernels(parse_spec("fp8-e4m3:channel,w8a8")) and not has_real_kernels(parse_spec("int4:group128"))
 
 
 # tiny-qwen3-moe: 2 blocks, attention as above with q/k norms of 16, 8 experts of width 160, top-2, untied head
