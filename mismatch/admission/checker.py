@@ -293,14 +293,16 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
 
 
 def _length_notes(table: Thresholds, batch) -> list[str]:
-    """A note when the calibration's responses are more than twice as long (or short) as those the limits
-    were fitted at: the limits are per token, and how they scale with length is not measured yet."""
+    """The response length the decision used, beside the lengths the limits were fitted at; said as a
+    warning when the calibration's responses are more than twice as long (or half as short): the limits are
+    per token, and how they scale with length is not measured yet."""
     if len(table.response_tokens) != 2 or not batch.response_mask.any():
         return []
     low, high = table.response_tokens
     mean = batch.response_tokens / max(int(batch.response_mask.any(1).sum()), 1)
     if low / 2 <= mean <= 2 * high:
-        return []
+        return [f"response length: the calibration's responses average {mean:.0f} tokens, within 2x of the "
+                f"{low:.0f}–{high:.0f} tokens the limits were fitted at (per token)"]
     return [f"the calibration's responses average {mean:.0f} tokens; the limits were fitted on levels whose responses "
             f"averaged {low:.0f}–{high:.0f} tokens and are applied per token as they are (how a tolerated mismatch "
             "scales with response length is not measured yet)"]
