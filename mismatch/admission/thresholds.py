@@ -175,8 +175,9 @@ def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
     out = []
     for pair, test in held_out_predictions(points, statistic).groupby("held_out", sort=True):
         x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
-        conf = confusion(x, y, float(test["limit"].iloc[0]))
-        out.append({"statistic": statistic, "held_out": pair, "limit": float(test["limit"].iloc[0]),
+        limit = float(test["limit"].iloc[0])
+        conf = confusion(x, y, limit)
+        out.append({"statistic": statistic, "held_out": pair, "limit": limit,
                     "levels": len(test), **conf,
                     "accuracy": (conf["admit_tolerated"] + conf["reject_not"]) / max(len(test), 1),
                     "always_admit_accuracy": float(y.mean()) if len(y) else math.nan})

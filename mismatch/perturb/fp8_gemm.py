@@ -115,12 +115,9 @@ class KernelHandle:
         self.module.__dict__.pop("forward", None)
 
 
-def install(module: nn.Module, name: str, weight_NK: torch.Tensor, fmt: str,
-            granularity: str) -> tuple[FP8Weight, KernelHandle]:
-    """Route `module`'s forward through `fp8_linear` with `weight_NK` (out × in) stored in FP8."""
-    if not is_linear(module):
-        raise InputError(f"scaled_mm replaces the GEMM of linear layers only; {name} is a {type(module).__name__} "
-                         "(use weight-only fp8 there, or a scope without it)")
+def install(module: nn.Module, weight_NK: torch.Tensor, fmt: str, granularity: str) -> tuple[FP8Weight, KernelHandle]:
+    """Route `module` (a layer `is_linear` accepts: the caller checks every target first) forward through
+    `fp8_linear` with `weight_NK` (out × in) stored in FP8."""
     weight = FP8Weight(weight_NK, fmt, granularity)
     bias = getattr(module, "bias", None)
     module.forward = lambda x, *args, **kwargs: fp8_linear(x, weight, bias)  # instance attribute, hooks still run

@@ -60,17 +60,16 @@ def round_fp8(weight_RC: torch.Tensor, fmt: str, granularity: str) -> torch.Tens
             (128×128 tiles; edge tiles of shapes not divisible by 128 use their own absmax).
     """
     w = weight_RC.float()
-    fmax = fp8_max(fmt)
     if granularity == "tensor":
-        out = _cast_fp8(w, _safe_scale(w.abs().amax(dim=(-2, -1), keepdim=True), fmax), fmt)
+        out = _cast_fp8(w, fp8_scale(w, fmt, dim=(-2, -1)), fmt)
     elif granularity == "channel":
-        out = _cast_fp8(w, _safe_scale(w.abs().amax(dim=-1, keepdim=True), fmax), fmt)
+        out = _cast_fp8(w, fp8_scale(w, fmt), fmt)
     elif granularity == "block128":
         *lead, R, C = w.shape
         pr, pc = -R % 128, -C % 128
         padded = F.pad(w, (0, pc, 0, pr))  # zeros never raise an absmax
         tiles = padded.reshape(*lead, (R + pr) // 128, 128, (C + pc) // 128, 128)  # [..., Rb, 128, Cb, 128]
-        scale = _safe_scale(tiles.abs().amax(dim=(-3, -1), keepdim=True), fmax)
+        scale = fp8_scale(tiles, fmt, dim=(-3, -1))
         out = _cast_fp8(tiles, scale, fmt).reshape(*lead, R + pr, C + pc)[..., :R, :C]
     else:
         raise ValueError(f"unknown FP8 granularity {granularity!r}")
