@@ -101,7 +101,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
     log_r = lp - lq
     r = log_r.exp()
     w = r / r.mean()
-    seq_sums = torch.zeros(int(seq_N.max()) + 1, dtype=torch.float64).index_add_(0, seq_N, log_r)
+    seq_sums = torch.zeros(int(seq_N.max()) + 1, dtype=torch.float64, device=log_r.device).index_add_(0, seq_N, log_r)
     present = torch.bincount(seq_N) > 0
     shared = log_ratio_stats(log_r, clip)
     out = {
@@ -121,7 +121,7 @@ def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) ->
     """Summary statistics of per-token metrics (`[N]` tensors), in float64. Keys: docs/design.md."""
     t = {k: v.double() for k, v in tok.items()}
     kl = t["kl_fwd"]
-    q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64)
+    q_levels = torch.tensor([0.01, 0.10, 0.50, 0.90, 0.99, 0.999], dtype=torch.float64, device=kl.device)
     p1, p10, p50, p90, p99, p999 = torch.quantile(kl, q_levels).tolist()
     sampled = sampled_summary(t["logp_ref"], t["logp_cand"], seq_N, clip)
     out = {
@@ -154,8 +154,8 @@ def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tens
 
 
 def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) -> torch.Tensor:
-    sums = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_N, values_N)
-    counts = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_N, torch.ones_like(values_N))
+    sums = torch.zeros(n_seq, dtype=torch.float64, device=values_N.device).index_add_(0, seq_N, values_N)
+    counts = torch.zeros(n_seq, dtype=torch.float64, device=values_N.device).index_add_(0, seq_N, torch.ones_like(values_N))
     return sums / counts
 
 
@@ -222,7 +222,7 @@ def rollout_stats(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_
     r = log_r_safe.exp()  # verl's raw token IS weights
     mean_lt, mean_lr = _per_sequence_mean(lt, seq, n_seq), _per_sequence_mean(lr_, seq, n_seq)
     log_ppl_diff = mean_lr - mean_lt
-    seq_log_r_sum = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq, log_r)
+    seq_log_r_sum = torch.zeros(n_seq, dtype=torch.float64, device=log_r.device).index_add_(0, seq, log_r)
     tis = r.clamp(max=IS_THRESHOLD)  # token TIS truncates from above only
     seq_k1 = _per_sequence_mean(-log_r_safe, seq, n_seq)  # mean of log(π_rollout/π_train) per sequence
     lo, hi = math.log(GEO_BOUNDS[0]), math.log(GEO_BOUNDS[1])

@@ -33,6 +33,30 @@ def _report_numbers() -> set[str]:
     return found
 
 
+def _example_numbers() -> set[str]:
+    """Every number of the worked example's check outputs (`experiments/admission_example/*.json`), in the
+    forms the page rounds them to (3 and 4 significant digits, 1–4 decimals)."""
+    import json
+
+    found: set[str] = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.update({f"{value:.3g}", f"{value:.4g}", *(f"{value:.{d}f}" for d in range(1, 5))})
+        elif isinstance(value, str):
+            found.update(_normal(n) for n in NUMBER.findall(value))
+
+    for path in sorted((ROOT / "experiments" / "admission_example").glob("*.json")):
+        walk(json.loads(path.read_text(encoding="utf-8")))
+    return found
+
+
 def test_the_readme_holds_the_headline_the_reports_wrote():
     headline = (REPORTS / "headline.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -50,14 +74,17 @@ def test_the_study_page_includes_the_headline_the_reports_wrote():
 @pytest.mark.parametrize("page,heading", [("README.md", "What OPD tolerated"), ("docs/study.md", None),
                                           ("docs/admission.md", "Where the limit comes from"),
                                           ("docs/admission.md", "One statistic across sources"),
-                                          ("docs/admission.md", "Drift")])
+                                          ("docs/admission.md", "Drift"),
+                                          ("docs/admission.md", "A worked example on SmolLM2")])
 def test_every_number_quoted_is_in_the_reports(page, heading):
+    """... or, for the admission page's worked example, in the checks' own JSON output that the example's
+    script wrote (`experiments/admission_example/`)."""
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
     quoted = [n for n in NUMBER.findall(text)]
     assert quoted, "the premise: the section quotes numbers"
-    known = _report_numbers()
+    known = _report_numbers() | (_example_numbers() if heading == "A worked example on SmolLM2" else set())
     missing = sorted({n for n in quoted if _normal(n) not in known})
     assert not missing, f"{page} quotes numbers no report holds: {missing}"

@@ -54,6 +54,7 @@ from mismatch.engines.source import open_source
 from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
 from mismatch.model.loader import LM, parse_dtype
+from mismatch.model.device import model_device
 from mismatch.pairs.registry import check_same_vocabulary, load_member
 from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
@@ -141,7 +142,7 @@ def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, 
                   say: Callable[[str], None]) -> tuple[Decision, str]:
     """The pipeline's lag measured on the checkpoint (`measure_lag`), judged against the window limit of
     the thresholds' primary statistic."""
-    _, teacher_lm = _loaded(teacher, sample["seed"])
+    _, teacher_lm = _loaded(teacher, sample["seed"], device=model_device(lm.model))  # beside the checkpoint
     check_same_vocabulary(lm, teacher_lm, f"{name} and its teacher")
     K, R = pipeline.staleness, pipeline.reuse
     say(f"measuring staleness {K} and reuse {R} on {name}: {K + WINDOW} OPD steps against {teacher_lm.name}")
@@ -185,7 +186,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
           seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
-          teacher: str | LM | None = None, ref_dtype: str = "fp32",
+          teacher: str | LM | None = None, ref_dtype: str = "fp32", device: str = "cpu",
           progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
@@ -213,6 +214,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             trains in bf16, `fp16`): the reference pass and the rollout copy (the format applied to those
             weights) both run in it; the statistics are accumulated in float64 whatever it is. Ignored for
             an `LM`, used as it is. A lag is measured in fp32 only (it trains the checkpoint).
+        device: where `model` (and the teacher) is loaded: `"cpu"` (default), `"cuda[:N]"` or `"auto"`
+            (`mismatch.model.device.resolve_device`); an `LM` stays where it is.
         progress: `progress(message)` as each stage starts (loading, sampling, scoring, the recipe's
             search): the CLI prints them on stderr.
 
@@ -229,13 +232,13 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         if rollout is not None:  # an explicit spec is never dropped in favour of the dump
             raise InputError("give either a rollout spec or a rollouts file, not both")
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
-                           recipe=recipe, say=say, ref_dtype=ref_dtype)
+                           recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
     if teacher is not None and pipeline.lags and parse_dtype(ref_dtype) != torch.float32:
         raise InputError(f"measuring a lag trains the checkpoint, in fp32 here: give --ref-dtype fp32 with --teacher "
                          f"(got {ref_dtype})")
     say(f"loading {model if isinstance(model, str) else model.name}")
-    name, lm = _loaded(model, seed, ref_dtype)
+    name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope
     cal = calibration_prompts(name, calibration.prompts, calibration.n_prompts, seed)
     use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
@@ -272,8 +275,9 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
     the limit rests on first-step values whose levels drifted during training as the study's median level
     did; a run that drifts as much as its worst reaches the fitted limit from `limit × margin`. Between the
     two the check is uncertain (never a reject of its own: rejecting is the fitted gate's); none, with a
-    note, where the study measured no drift for the source (no note for thresholds holding no drift)."""
-    if not table.drift:  # thresholds fitted before drift was measured, or made by hand: no margin to apply
+    note, where the study measured no drift for the source (no note for thresholds holding no drift), and none
+    where the fitted gate does not admit (a lower limit cannot change a reject or an uncertain)."""
+    if not table.drift or fitted.status != "admit":  # thresholds fitted before drift was measured, or made by hand: no margin to apply
         return None, ""
     entry = table.drift.get(source)
     if entry is None or not entry.get("levels"):
@@ -320,9 +324,9 @@ def _rollout_spec(rollout: str):
     return parse_spec(rollout)
 
 
-def _loaded(model: str | LM, seed: int, dtype: str = "fp32") -> tuple[str, LM]:
-    """The model's name and the model (a spec loaded in `dtype`; an LM as it is)."""
-    return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed,
+def _loaded(model: str | LM, seed: int, dtype: str = "fp32", device: str | torch.device = "cpu") -> tuple[str, LM]:
+    """The model's name and the model (a spec loaded in `dtype` on `device`; an LM as it is)."""
+    return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed, device=device,
                                                                                    dtype=parse_dtype(dtype)))
 
 
@@ -341,10 +345,10 @@ def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]
 
 def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
                 presets: tuple[str, ...], clip: float, recipe: bool | None, say: Callable[[str], None],
-                ref_dtype: str = "fp32") -> Admission:
+                ref_dtype: str = "fp32", device: str = "cpu") -> Admission:
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
     say(f"loading {model if isinstance(model, str) else model.name}")
-    name, lm = _loaded(model, seed, ref_dtype)
+    name, lm = _loaded(model, seed, ref_dtype, device)
     table, gates = _thresholds_and_gates(thresholds, presets)
     say(f"scoring the rollouts of {rollouts}")
     scored = score_rollouts(lm, rollouts, clip=clip)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, KlTol, Threads, early, err, out, stages
+from mismatch.cli.common import AccTol, Device, KlTol, Threads, early, err, out, stages
 from mismatch.files import json_text
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
@@ -41,6 +41,7 @@ def check(
     recipe: Annotated[bool | None, typer.Option("--recipe/--no-recipe", help="Search a mixed-precision recipe "
                                                 "whatever the answer / never (default: on a reject).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
+    device: Device = "auto",
     threads: Threads = None,
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
@@ -58,7 +59,8 @@ def check(
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
-                                        rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, progress=say)
+                                        rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, device=device,
+                                        progress=say)
     if json_out:
         typer.echo(json_text(admission.to_dict()))
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Out, Overwrite, Threads, early, err, out
+from mismatch.cli.common import Device, Out, Overwrite, Threads, early, err, out
 
 
 def models() -> None:
@@ -45,6 +45,7 @@ def probe(
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 1024,
     out_path: Out = None,
     overwrite: Overwrite = False,
+    device: Device = "auto",
     threads: Threads = None,
 ) -> None:
     """Probe how far a candidate's next-token distributions are from REFERENCE's."""
@@ -58,6 +59,6 @@ def probe(
                          min_new_tokens=min_new_tokens, temperature=temperature, seed=seed, ref_dtype=ref_dtype,
                          cand_dtype=cand_dtype, per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens)
     with err.status("probing…") as status:
-        results = run_probes(config, out=out_path, overwrite=overwrite, status=status.update)
+        results = run_probes(config, out=out_path, overwrite=overwrite, status=status.update, device=device)
     out.print(console.probe_table(config, results))
     console.wrote(err, out_path)

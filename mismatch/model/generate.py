@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from mismatch.model.device import model_device, seeded
 from mismatch.model.packed_linear import packed_linears
 from mismatch.errors import InputError
 from mismatch.files import read_text
@@ -162,9 +163,8 @@ def generate(
                   pad_token_id=pad_id(tok), eos_token_id=eos, use_cache=True)
     kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p or 1.0)
                   if temperature > 0 else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
-    device = next(lm.model.parameters()).device
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), packed_linears(lm.model, rows=len(prompts)):
-        torch.manual_seed(seed)
+    device = model_device(lm.model)
+    with torch.no_grad(), seeded(seed, device), packed_linears(lm.model, rows=len(prompts)):
         out = lm.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_attn.to(device),
                                 **kwargs).cpu()
     width = prompt_ids.shape[1]
@@ -204,7 +204,7 @@ def token_logprobs(head: Head, hidden_ND: torch.Tensor, token_N: torch.Tensor, c
                    temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
     """`log π(y)` `[N]` fp32 of tokens `token_N` from head input rows `hidden_ND` `[N, D]`, under the
     sampling distribution (`warp` with `temperature`, `top_p`); the head runs chunk by chunk."""
-    out_N = torch.empty(token_N.shape[0], dtype=torch.float32)
+    out_N = torch.empty(token_N.shape[0], dtype=torch.float32, device=hidden_ND.device)
     with torch.no_grad():
         for rows, logp_CV in logprob_chunks(head, hidden_ND, chunk_tokens, temperature=temperature, top_p=top_p):
             out_N[rows] = logp_CV.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)
@@ -225,7 +225,7 @@ def sequence_logprobs(model, batch: Batch, *, temperature: float = 1.0, top_p: f
     token_N = batch.input_ids[batch.response_mask.bool()]
     out_N = token_logprobs(Head.of(model), hidden_ND, token_N, chunk_tokens, temperature=temperature, top_p=top_p)
     logprobs_BT = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    logprobs_BT[batch.response_mask.bool()] = out_N
+    logprobs_BT[batch.response_mask.bool()] = out_N.cpu()  # a Batch's companion lives on the CPU, as the Batch
     return logprobs_BT
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from mismatch.errors import InputError
+from mismatch.model.device import model_device
 from mismatch.model.layout import capture, model_layout
 from mismatch.model.positions import position_ids
 
@@ -123,7 +124,8 @@ def logprob_chunks(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int, *, ro
             z_CV = warp(head.logits(hidden_ND[rows]), temperature, top_p)
         per_pass = rows_per_pass or z_CV.shape[0]
         if reuse and buffer_RV is None:
-            buffer_RV = torch.empty((min(per_pass, hidden_ND.shape[0]), z_CV.shape[1]), dtype=z_CV.dtype)
+            buffer_RV = torch.empty((min(per_pass, hidden_ND.shape[0]), z_CV.shape[1]), dtype=z_CV.dtype,
+                                    device=z_CV.device)
         for part in token_chunks(z_CV.shape[0], per_pass):
             at = slice(rows.start + part.start, rows.start + part.stop)
             if reuse:  # torch.log_softmax's own kernel, written into the buffer
@@ -156,7 +158,7 @@ def shared_prefix(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -
     limit = int(counts_B.min()) - 1
     if input_ids_BT.shape[0] < 2 or limit < 1:
         return 0, first_B
-    span = torch.arange(limit)
+    span = torch.arange(limit, device=input_ids_BT.device)
     rows_BP = input_ids_BT.gather(1, first_B[:, None] + span[None, :])
     same_P = (rows_BP == rows_BP[:1]).all(0) & attn_BT.gather(1, first_B[:, None] + span[None, :]).all(0)
     differs = (~same_P).nonzero()
@@ -186,9 +188,14 @@ def head_inputs(model: nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT:
             prefix pass, so each prefix weight gets the sum over rows in one backward (OPD's student
             with a system prompt: ~a quarter of SmolLM2's trunk FLOPs per step).
 
+    The batch may lie on the CPU: it is moved to the model's device (a no-op where it is there), and the
+    rows come back on that device.
+
     Raises:
         InputError: the model feeds its head something other than `[B, T, D]`.
     """
+    device = model_device(model)
+    input_ids_BT, attention_mask_BT, index_N = (t.to(device) for t in (input_ids_BT, attention_mask_BT, index_N))
     if share_prefix:
         P, first_B = shared_prefix(input_ids_BT, attention_mask_BT)
         T = input_ids_BT.shape[1]
@@ -240,15 +247,15 @@ def _head_inputs_after_prefix(model: nn.Module, input_ids_BT: torch.Tensor, atte
     W = T - start
     row_start_B = first_B + P
     window_mask_BW = attention_mask_BT[:, start:].clone()
-    window_mask_BW[torch.arange(W)[None, :] + start < row_start_B[:, None]] = 0  # another row's prefix span
+    window_mask_BW[torch.arange(W, device=input_ids_BT.device)[None, :] + start < row_start_B[:, None]] = 0  # another row's prefix span
     prefix_ids = input_ids_BT[:1, int(first_B[0]):int(first_B[0]) + P]
     cache = DynamicCache()
-    model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), position_ids=torch.arange(P)[None, :],
+    model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), position_ids=torch.arange(P, device=input_ids_BT.device)[None, :],
           cache=cache, use_cache=True)
     cache.batch_repeat_interleave(B)
-    mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype), window_mask_BW], 1)
+    mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype, device=attention_mask_BT.device), window_mask_BW], 1)
     positions_BW = position_ids(mask_BL)[:, P:]
     window_index_N = (index_N // T) * W + index_N % T - start
     return _capture_rows(model, input_ids_BT[:, start:], window_index_N, on_layer, attention_mask=mask_BL,
                          position_ids=positions_BW, cache=cache, use_cache=True,
-                         cache_position=torch.arange(P, P + W))
+                         cache_position=torch.arange(P, P + W, device=input_ids_BT.device))

@@ -49,6 +49,7 @@ from transformers import (
 
 from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate, unknown_model  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
+from mismatch.model.device import resolve_device
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
 from mismatch.model.tokenizer import byte_tokenizer
@@ -349,7 +350,8 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) -> LM:
+def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
+         device: str | torch.device = "cpu") -> LM:
     """Load a causal LM and its tokenizer from local files only.
 
     Args:
@@ -357,15 +359,22 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0) 
             present in the local Hugging Face cache.
         dtype: parameter dtype (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`).
         seed: initialisation seed of the tiny random-init models (ignored otherwise).
+        device: where the model lives: `"cpu"` (default), `"cuda"`, `"cuda:N"` or `"auto"`
+            (`mismatch.model.device.resolve_device`); weights are read on the CPU and moved once.
 
     Returns:
-        `LM(model, tokenizer, name)` with the model in eval mode on the CPU.
+        `LM(model, tokenizer, name)` with the model in eval mode on `device`.
 
     Raises:
         ModelNotAvailableError: the spec cannot be resolved without the network.
+        InputError: an unknown device, or CUDA asked for where none is present.
     """
+    where = resolve_device(device)  # before reading any weights: a wrong device fails at once
     with quiet_loading():
-        return _load(spec, parse_dtype(dtype), seed)
+        lm = _load(spec, parse_dtype(dtype), seed)
+    if where.type != "cpu":
+        lm.model.to(where)
+    return lm
 
 
 def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:

@@ -99,7 +99,7 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
     t0 = time.perf_counter()
     warped = not is_identity_warp(temperature, top_p)  # else the sampled distribution is the policy itself
     student_logp_N = (token_logprobs(student_head, leaf.detach(), token_N, chunk_tokens, temperature=temperature, top_p=top_p)
-                if warped else torch.empty(n))
+                if warped else torch.empty(n, device=leaf.device))
     logp_seconds = time.perf_counter() - t0
     if logp_rollout_N is None:  # filled chunk by chunk below before any use, as `student_logp_N` is
         logp_rollout_N = student_logp_N
@@ -108,7 +108,7 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
     total = 0.0
     for rows in token_chunks(n, chunk_tokens):
         z_CV = student_head.logits(leaf[rows])  # one head matmul per chunk; carries the graph to `leaf` and the head
-        grad_CV, terms_C = torch.empty_like(z_CV), torch.empty(z_CV.shape[0])
+        grad_CV, terms_C = torch.empty_like(z_CV), torch.empty(z_CV.shape[0], device=z_CV.device)
         for part in token_chunks(z_CV.shape[0], CACHE_ROWS):  # the elementwise work, a few cached rows at a time
             r = slice(rows.start + part.start, rows.start + part.stop)
             z_PV = z_CV[part].detach().requires_grad_()
@@ -144,10 +144,11 @@ def heldout_rkl(student: LM, teacher: LM, prompts: list[str], *, chat: bool, stu
     student_hidden_ND = _hidden(student.model, batch, share_prefix=True)
     teacher_hidden_ND = _hidden(teacher.model, t_batch, share_prefix=True)
     teacher_chunks = logprob_chunks(Head.of(teacher.model), teacher_hidden_ND, chunk_tokens)
-    kl_N = torch.empty(student_hidden_ND.shape[0], dtype=torch.float64)
+    kl_N = torch.empty(student_hidden_ND.shape[0], dtype=torch.float64, device=student_hidden_ND.device)
     for rows, student_logp_PV in logprob_chunks(Head.of(student.model), student_hidden_ND, chunk_tokens):
         kl_N[rows] = full_rkl(student_logp_PV, next(teacher_chunks)[1]).double()
     row_N = batch.response_mask.bool().nonzero()[:, 0]
+    kl_N = kl_N.cpu()  # per-prompt sums on the CPU, beside the batch
     sums_M = torch.zeros(len(prompts), dtype=torch.float64).index_add_(0, row_N, kl_N)
     counts_M = torch.bincount(row_N, minlength=len(prompts)).double()
     mean = float(kl_N.sum()) / len(kl_N)
@@ -405,7 +406,7 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     mask = rollout.batch.response_mask.bool()
     if rollout.logprobs is None:  # the student sampled: its log-probs before this update are the rollout's
         logprobs_BT = torch.zeros(rollout.batch.input_ids.shape, dtype=torch.float32)
-        logprobs_BT[mask] = result.logp_student
+        logprobs_BT[mask] = result.logp_student.cpu()
         rollout = run.batch.rollout = Samples(rollout.batch, logprobs_BT)
     mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[mask], run.config.clip)
     seq = torch.unique(mask.nonzero()[:, 0], return_inverse=True)[1]  # each response token's sequence

@@ -43,6 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError, of_type
 from mismatch.hashing import content_hash
 from mismatch.model.layout import drop_layers
+from mismatch.model.device import resolve_device
 from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import BlockSortTask, ConciseTask, PromptList, ReverseTask, SortTask
@@ -437,18 +438,23 @@ def load_member(spec: str, **kwargs) -> LM:
             `PAIR:teacher`, `mismatch.list_pairs()`), a local checkpoint directory, or a hub id in the
             local Hugging Face cache.
         kwargs: `dtype` (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`), `seed` (of the tiny
-            random-init models), as `mismatch.model.loader.load` takes them.
+            random-init models), `device` (`"cpu"` default, `"cuda[:N]"`, `"auto"`), as
+            `mismatch.model.loader.load` takes them.
 
     Returns:
-        `LM(model, tokenizer, name=spec)` in eval mode on the CPU.
+        `LM(model, tokenizer, name=spec)` in eval mode on `device`.
 
     Raises:
-        ModelNotAvailableError, InputError: the spec cannot be resolved without the network.
+        ModelNotAvailableError, InputError: the spec cannot be resolved without the network; an unknown
+            device, or CUDA asked for where none is present.
     """
     built = _built_member(spec)
     if built is not None:
+        where = resolve_device(kwargs.get("device", "cpu"))
         pair, role = built
         lm = pair_kind(pair).member(pair, role, kwargs.get("dtype", torch.float32))
+        if where.type != "cpu":
+            lm.model.to(where)
     else:
         lm = load(member_spec(spec), **kwargs)
     return LM(lm.model, lm.tokenizer, os.fspath(spec))

@@ -107,5 +107,6 @@ def _apply_noise_(config: NoiseConfig, model: nn.Module, names: list[str], snap:
         for attr in weight_names(module):
             w = weight_out_in(module, attr)
             rms = w.float().pow(2).mean(dim=(-2, -1), keepdim=True).sqrt()
-            eps = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+            eps = torch.randn(w.shape, generator=gen, dtype=torch.float32).to(w.device)  # drawn on the CPU: the
+            # same noise on every device
             swap_weight_(snap, module, (w.float() + config.sigma * rms * eps).to(w.dtype), attr)

@@ -297,7 +297,7 @@ def reference(
 
 def _all_logprobs(head: Head, hidden_ND: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     """`[N, V]` fp32 log-probs of every row (the reference cache)."""
-    logp_NV = torch.empty((hidden_ND.shape[0], head.vocab_size), dtype=torch.float32)
+    logp_NV = torch.empty((hidden_ND.shape[0], head.vocab_size), dtype=torch.float32, device=hidden_ND.device)
     for rows, logp_CV in logprob_chunks(head, hidden_ND, chunk_tokens):
         logp_NV[rows] = logp_CV
     return logp_NV
@@ -494,7 +494,8 @@ def _token_metrics(ref: Reference, head: Head, hidden_ND: torch.Tensor, cand_nam
     cand = logprob_chunks(head, hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS, reuse=True)
     ref_side = (logprob_chunks(ref.head, ref.head_input, chunk_tokens, rows_per_pass=CACHE_ROWS, reuse=True)
                 if ref.logp is None else None)
-    work_2RV = torch.empty((2, min(CACHE_ROWS, hidden_ND.shape[0]), head.vocab_size), dtype=torch.float32)
+    work_2RV = torch.empty((2, min(CACHE_ROWS, hidden_ND.shape[0]), head.vocab_size), dtype=torch.float32,
+                           device=hidden_ND.device)
     parts = [_scored(ref, at, None if ref_side is None else next(ref_side)[1], logp_cand, cand_name, work_2RV)
              for at, logp_cand in cand]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

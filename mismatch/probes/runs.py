@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from mismatch.errors import InputError
 from mismatch.model.layout import model_layout
 from mismatch.model.loader import LM, parse_dtype
+from mismatch.model.device import resolve_device
 from mismatch.pairs.registry import load_member, member_digest
 from mismatch.engines.source import open_source
 from mismatch.perturb import select
@@ -169,7 +171,7 @@ def _run_columns(config: ProbeConfig, texts: list[str]) -> dict[str, object]:
 
 
 def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite: bool = False,
-               status: Status | None = None) -> list[CandidateResult]:
+               status: Status | None = None, device: str = "cpu") -> list[CandidateResult]:
     """Everything `mismatch probe` does but parsing and printing: load, build the batch, probe, write.
 
     Args:
@@ -177,16 +179,22 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
         out: a results directory (parquet parts) or a `.parquet` / `.csv` file; None: no writing.
         overwrite: start `out` afresh instead of appending to it.
         status: called with a short description of the current stage.
+        device: where the models run (`mismatch.model.device.resolve_device`: `"cpu"` default, `"cuda[:N]"`,
+            `"auto"`). Off the CPU the rows carry a `device` column, which enters their run ids (the numbers
+            differ by the device's rounding); on the CPU they are as without it.
 
     Returns:
         The scored candidates, in order (see `probe_candidates`).
     """
     say = status or (lambda _msg: None)
+    where = resolve_device(device)
     require_engines(config.perturb)  # before the responses are generated, not after
     texts = read_prompts(config.prompts) if config.prompts is not None else list(config.texts)
     texts = texts[:config.max_prompts] if config.max_prompts is not None else texts
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
     base, stamp = _run_columns(config, texts), provenance()
+    if where.type != "cpu":
+        base["device"] = str(where)
 
     def write(c: CandidateResult) -> None:
         if writer is not None:
@@ -197,14 +205,14 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
             writer.finish("probe", rows["run_id"].iloc[0])
 
     with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
-        return _probe_all(config, texts, write, say)
+        return _probe_all(config, texts, write, say, where)
 
 
-def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[CandidateResult], None], say: Status
-               ) -> list[CandidateResult]:
+def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[CandidateResult], None], say: Status,
+               device: torch.device) -> list[CandidateResult]:
     """`run_probes` past its set-up: load, build the batch, probe; `write` gets each scored candidate."""
     say("loading models…")
-    ref_lm = load_member(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed)
+    ref_lm = load_member(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed, device=device)
     if config.perturb:
         scopes = ([str(i) for i in range(len(model_layout(ref_lm.model).layers))] if config.each_layer
                   else [config.layers])
@@ -216,7 +224,8 @@ def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[Candidate
                                 clip=config.clip, chunk_tokens=config.chunk_tokens, seed=config.seed,
                                 on_result=write, status=say)
     same = (config.reference, parse_dtype(config.ref_dtype)) == (config.candidate, parse_dtype(config.cand_dtype))
-    cand_lm = ref_lm if same else load_member(config.candidate, dtype=parse_dtype(config.cand_dtype), seed=config.seed)
+    cand_lm = ref_lm if same else load_member(config.candidate, dtype=parse_dtype(config.cand_dtype), seed=config.seed,
+                                                device=device)
     batch = _batch(config, ref_lm, texts)
     say(f"probing {batch.response_tokens} tokens…")
     result = CandidateResult("none", "none", probe(ref_lm, cand_lm, batch.input_ids, batch.attention_mask,

@@ -73,7 +73,7 @@ def test_the_drift_margin_lowers_the_fitted_limit_and_answers_uncertain_between_
     lm = mismatch.load("tiny-llama")
     cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=8)
     free = check(lm, "noise:0.3", calibration=cal, thresholds={"mismatch_kl": 10.0}, seed=3).decisions[0]
-    assert free.high > 0
+    assert free.low > 0  # the premise: an interval clear of 0, so a limit below it rejects
     for limit, margin, status in ((1.5 * free.high, 0.5, "uncertain"), (2 * free.high, 0.9, "admit")):
         drift = {"noise": {"levels": 4, "median": margin, "largest": 1.0, "margin": margin}}
         got = check(lm, "noise:0.3", calibration=cal, thresholds=_thresholds(limit, drift=drift), seed=3)
@@ -86,6 +86,11 @@ def test_the_drift_margin_lowers_the_fitted_limit_and_answers_uncertain_between_
                   thresholds=_thresholds(2 * free.high, drift={"format": {"levels": 4, "median": 1.0, "largest": 1.0,
                                                                            "margin": 1.0}}))
     assert len(other.decisions) == 1 and any("measured no noise level's drift" in n for n in other.notes)
+    # rejected by the fitted limit: a lower limit cannot change that, so no drift row (it would say "uncertain")
+    drift = {"noise": {"levels": 4, "median": 0.5, "largest": 1.0, "margin": 0.5}}
+    rejected = check(lm, "noise:0.3", calibration=cal, seed=3, thresholds=_thresholds(0.5 * free.low, drift=drift))
+    assert rejected.status == "reject" and [d.metric for d in rejected.decisions] == ["mismatch_kl"]
+    assert not any(n.startswith("drift margin:") for n in rejected.notes)
 
 
 def test_the_reference_runs_in_the_trainers_precision():

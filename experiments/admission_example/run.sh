@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The worked example of docs/admission.md: each check's whole Admission as JSON, the numbers that page quotes
+# (tests/test_readme_numbers.py checks them against these files). ~6 min at one thread.
+#   experiments/admission_example/run.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-.venv/bin}
+out=experiments/admission_example
+export HF_HUB_OFFLINE=1
+$BIN/mismatch check smollm2-135m --rollout fp8-e4m3:channel,w8a8,scaled_mm --ref-dtype bf16 --no-recipe --threads 1 --json > $out/fp8_kernel_bf16.json
+$BIN/mismatch check smollm2-concise:student --rollout int4:group128 --no-recipe --threads 1 --json > $out/concise_int4.json
+$BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --no-recipe --threads 1 --json > $out/pruned_int4.json
+$BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --layers 4-6,9-10,12-13 --no-recipe --threads 1 --json > $out/pruned_int4_recipe.json
+echo "exit codes are the decisions (0 admit, 1 reject, 3 uncertain); JSON in $out"

@@ -1,0 +1,80 @@
+"""`device=` / `--device`: one resolution rule, models loaded where asked, seeded streams on that device.
+The CUDA cases run where a GPU is present and skip cleanly elsewhere (CI is CPU-only)."""
+
+import pytest
+import torch
+
+import mismatch
+from mismatch.errors import InputError
+from mismatch.model.device import model_device, resolve_device, seeded
+from mismatch.model.generate import generate
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+def test_auto_is_cuda_where_present_else_the_cpu_and_names_are_normalised():
+    assert resolve_device("auto") == torch.device("cuda" if CUDA else "cpu")
+    assert resolve_device(None) == resolve_device("CPU") == resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("bad", ["tpu", "gpu0", "", "meta"])
+def test_an_unknown_device_is_one_line(bad):
+    with pytest.raises(InputError, match="device") as info:
+        resolve_device(bad)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(CUDA, reason="CUDA is present here")
+def test_cuda_asked_for_where_none_is_present_fails_before_any_weights_are_read(monkeypatch):
+    from mismatch.model import loader
+
+    monkeypatch.setattr(loader, "_load", lambda *a: pytest.fail("weights were read"))
+    for spec in ("cuda", "cuda:1"):
+        with pytest.raises(InputError, match="no CUDA device"):
+            mismatch.load("tiny-llama", device=spec)
+
+
+def test_seeded_draws_repeat_and_give_the_callers_stream_back():
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    with seeded(0, torch.device("cpu")):
+        first = torch.rand(4)
+    with seeded(0, torch.device("cpu")):
+        again = torch.rand(4)
+    assert torch.equal(first, again) and not torch.equal(first, torch.rand(4))
+    torch.manual_seed(11)
+    with seeded(0, torch.device("cpu")):
+        torch.rand(100)
+    assert torch.equal(torch.rand(3), expected)  # the block's draws did not move the caller's stream
+
+
+def test_cpu_given_explicitly_is_the_default():
+    a, b = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", device="cpu")
+    assert model_device(b.model) == torch.device("cpu")
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+@needs_cuda
+def test_on_cuda_the_model_moves_and_the_same_seed_samples_the_same_tokens():
+    lm = mismatch.load("tiny-llama", device="cuda")
+    assert model_device(lm.model).type == "cuda"
+    one = generate(lm, ["a b c", "hello"], max_new_tokens=6, temperature=1.0, seed=3)
+    two = generate(lm, ["a b c", "hello"], max_new_tokens=6, temperature=1.0, seed=3)
+    assert torch.equal(one.input_ids, two.input_ids) and one.input_ids.device.type == "cpu"  # a Batch lives on the CPU
+
+
+@needs_cuda
+def test_a_probe_on_cuda_agrees_with_the_cpu_within_fp32_rounding():
+    from mismatch.model.head import head_inputs
+    from mismatch.model.positions import response_index
+
+    cpu, gpu = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", device="cuda")
+    batch = generate(cpu, ["a b c", "hello"], max_new_tokens=6, seed=0)
+    index = response_index(batch.response_mask)
+    rows_cpu = head_inputs(cpu.model, batch.input_ids, batch.attention_mask, index).rows_ND
+    rows_gpu = head_inputs(gpu.model, batch.input_ids, batch.attention_mask, index).rows_ND  # a CPU batch, moved
+    assert rows_gpu.device.type == "cuda"
+    # fp32 with TF32 off (torch's default for matmuls): two reduction orders, a few ulps per layer
+    torch.testing.assert_close(rows_gpu.cpu(), rows_cpu, rtol=1e-4, atol=1e-5)
