@@ -78,3 +78,24 @@ def test_a_probe_on_cuda_agrees_with_the_cpu_within_fp32_rounding():
     assert rows_gpu.device.type == "cuda"
     # fp32 with TF32 off (torch's default for matmuls): two reduction orders, a few ulps per layer
     torch.testing.assert_close(rows_gpu.cpu(), rows_cpu, rtol=1e-4, atol=1e-5)
+
+
+def test_the_prepared_gpu_script_dry_runs_on_the_cpu_and_writes_every_part(tmp_path):
+    """benchmarks/device_check.py is what a lent GPU runs as is: on the CPU (`--device cpu`) each part runs
+    and lands in its JSON, the probe on the device beside the CPU's (here the same device: ratio 1)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "device_check.py"
+    spec = importlib.util.spec_from_file_location("device_check", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "device.json"
+    assert script.main(["--device", "cpu", "--model", "tiny-llama", "--skip-tests", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["probe"]["kl_fwd_mean_ratio"] == 1.0 and report["probe"]["cpu"]["tokens"] > 0
+    assert report["check"]["status"] in ("admit", "reject", "uncertain") and report["check"]["mismatch_kl"] > 0
+    assert ("skipped" in report["rollout_speed"]) == (not CUDA)
+    if not CUDA:
+        assert script.main(["--out", str(tmp_path / "none.json")]) == 2 and not (tmp_path / "none.json").exists()
