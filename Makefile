@@ -107,9 +107,10 @@ reproduce-study-extended: $(STAMP)
 
 # reports/ from the committed results (experiments/study_data/*.parquet, the compacted rows of the runs the
 # committed reports were built from), without running anything: copied into the dataset the targets above
-# write (a file already there is kept), then reported from it, as they report.
+# write (a copy already there is replaced when the committed file is newer: a pull brings its data in),
+# then reported from it, as they report.
 reports: $(STAMP)
-	mkdir -p $(RESULTS)/paper && cp -n experiments/study_data/*.parquet $(RESULTS)/paper/
+	mkdir -p $(RESULTS)/paper && cp -u experiments/study_data/*.parquet $(RESULTS)/paper/
 	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
 
 # The admission limits `mismatch check` ships (mismatch/data/admission_thresholds.json), refitted from the
