@@ -154,8 +154,9 @@ def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tens
 
 
 def _per_sequence_mean(values_N: torch.Tensor, seq_N: torch.Tensor, n_seq: int) -> torch.Tensor:
-    sums = torch.zeros(n_seq, dtype=torch.float64, device=values_N.device).index_add_(0, seq_N, values_N)
-    counts = torch.zeros(n_seq, dtype=torch.float64, device=values_N.device).index_add_(0, seq_N, torch.ones_like(values_N))
+    zeros = torch.zeros(n_seq, dtype=torch.float64, device=values_N.device)
+    sums = zeros.clone().index_add_(0, seq_N, values_N)
+    counts = zeros.index_add_(0, seq_N, torch.ones_like(values_N))
     return sums / counts
 
 

@@ -277,7 +277,7 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
     two the check is uncertain (never a reject of its own: rejecting is the fitted gate's); none, with a
     note, where the study measured no drift for the source (no note for thresholds holding no drift), and none
     where the fitted gate does not admit (a lower limit cannot change a reject or an uncertain)."""
-    if not table.drift or fitted.status != "admit":  # thresholds fitted before drift was measured, or made by hand: no margin to apply
+    if not table.drift or fitted.status != "admit":  # no drift measured (older or hand-made thresholds), or moot
         return None, ""
     entry = table.drift.get(source)
     if entry is None or not entry.get("levels"):

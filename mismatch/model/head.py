@@ -246,16 +246,17 @@ def _head_inputs_after_prefix(model: nn.Module, input_ids_BT: torch.Tensor, atte
     start = int(first_B.min()) + P  # the window: from the earliest first own token to the end
     W = T - start
     row_start_B = first_B + P
+    dev = input_ids_BT.device
     window_mask_BW = attention_mask_BT[:, start:].clone()
-    window_mask_BW[torch.arange(W, device=input_ids_BT.device)[None, :] + start < row_start_B[:, None]] = 0  # another row's prefix span
+    window_mask_BW[torch.arange(W, device=dev)[None, :] + start < row_start_B[:, None]] = 0  # another row's prefix span
     prefix_ids = input_ids_BT[:1, int(first_B[0]):int(first_B[0]) + P]
     cache = DynamicCache()
-    model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), position_ids=torch.arange(P, device=input_ids_BT.device)[None, :],
-          cache=cache, use_cache=True)
+    model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids),
+          position_ids=torch.arange(P, device=dev)[None, :], cache=cache, use_cache=True)
     cache.batch_repeat_interleave(B)
-    mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype, device=attention_mask_BT.device), window_mask_BW], 1)
+    mask_BL = torch.cat([torch.ones((B, P), dtype=attention_mask_BT.dtype, device=dev), window_mask_BW], 1)
     positions_BW = position_ids(mask_BL)[:, P:]
     window_index_N = (index_N // T) * W + index_N % T - start
     return _capture_rows(model, input_ids_BT[:, start:], window_index_N, on_layer, attention_mask=mask_BL,
                          position_ids=positions_BW, cache=cache, use_cache=True,
-                         cache_position=torch.arange(P, P + W, device=input_ids_BT.device))
+                         cache_position=torch.arange(P, P + W, device=dev))
