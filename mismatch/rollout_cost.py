@@ -173,11 +173,12 @@ def generation_speed(lm, spec: str | None, prompts: list[str], *, max_new_tokens
 
     import torch
 
+    from mismatch.model.device import model_device
     from mismatch.model.loader import LM
     from mismatch.perturb import perturbed
     from mismatch.model.generate import generate
 
-    home = next(lm.model.parameters()).device
+    home = model_device(lm.model)
     lm.model.to(device)
     try:
         ctx = perturbed(lm.model, spec, layers=layers, seed=seed) if spec else contextlib.nullcontext(lm.model)

@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
 BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: end -->"
+EXAMPLE = "A worked example on SmolLM2"  # docs/admission.md's section quoting the checks' own outputs
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d+\.\d+(?![\w.]*\d)")  # decimals: 0.233, −2.0, 1.041 (not 2026-12-01, not v1.2.3)
 
 
@@ -75,7 +76,7 @@ def test_the_study_page_includes_the_headline_the_reports_wrote():
                                           ("docs/admission.md", "Where the limit comes from"),
                                           ("docs/admission.md", "One statistic across sources"),
                                           ("docs/admission.md", "Drift"),
-                                          ("docs/admission.md", "A worked example on SmolLM2")])
+                                          ("docs/admission.md", EXAMPLE)])
 def test_every_number_quoted_is_in_the_reports(page, heading):
     """... or, for the admission page's worked example, in the checks' own JSON output that the example's
     script wrote (`experiments/admission_example/`)."""
@@ -85,6 +86,6 @@ def test_every_number_quoted_is_in_the_reports(page, heading):
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
     quoted = [n for n in NUMBER.findall(text)]
     assert quoted, "the premise: the section quotes numbers"
-    known = _report_numbers() | (_example_numbers() if heading == "A worked example on SmolLM2" else set())
+    known = _report_numbers() | (_example_numbers() if heading == EXAMPLE else set())
     missing = sorted({n for n in quoted if _normal(n) not in known})
     assert not missing, f"{page} quotes numbers no report holds: {missing}"

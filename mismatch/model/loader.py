@@ -49,7 +49,7 @@ from transformers import (
 
 from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate, unknown_model  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
-from mismatch.model.device import resolve_device
+from mismatch.model.device import resolve_device, seeded
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
 from mismatch.model.tokenizer import byte_tokenizer
@@ -273,8 +273,7 @@ def _tiny_config(family: str):
 def _tiny_loader(family: str) -> Callable[[torch.dtype, int], tuple]:
     def load_tiny(dtype: torch.dtype, seed: int):
         config = _tiny_config(family)
-        with torch.random.fork_rng(devices=[]):  # deterministic init, global RNG untouched
-            torch.manual_seed(seed)
+        with seeded(seed, torch.device("cpu")):  # deterministic init, global RNG untouched
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         return model.to(dtype), byte_tokenizer()
 

@@ -36,6 +36,7 @@ import transformers
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
 
 from mismatch.errors import InputError
+from mismatch.model.device import seeded
 from mismatch.model.loader import LM, quiet_loading, sha256_file
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.tasks import SyntheticTask
@@ -121,8 +122,7 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def init_model(shape: ModelShape, seed: int) -> PreTrainedModel:
     """A freshly initialised model of `shape`, deterministic in `seed`."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed, torch.device("cpu")):
         return AutoModelForCausalLM.from_config(shape.config(), dtype=torch.float32)
 
 

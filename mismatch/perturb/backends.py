@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from mismatch.errors import InputError
+from mismatch.model.device import model_device
 from mismatch.perturb.configs import BnbConfig, QuantoConfig
 from mismatch.perturb.registry import ApplyContext
 from mismatch.perturb.scope import is_linear
@@ -137,7 +138,7 @@ def _flat_dequant_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _apply_bnb_(config: BnbConfig, model: nn.Module, names: list[str], snap: Snapshot,
                 ctx: ApplyContext) -> None:
-    device = next(model.parameters()).device
+    device = model_device(model)
     for name, module in _linear_targets(config, model, names):
         q = _bnb_module(_as_linear(module), config, device)
         if config.method == "int8":
@@ -156,7 +157,7 @@ def _apply_quanto_(config: QuantoConfig, model: nn.Module, names: list[str], sna
     for name, module in targets:
         if module.weight.dtype != torch.float32:
             raise InputError(f"{config} expects an fp32 model, {name} is {module.weight.dtype}")
-    device = next(model.parameters()).device
+    device = model_device(model)
     weights = {"int8": qint8, "int4": qint4, "fp8": qfloat8}[config.weights]
     swapped = []
     for name, module in targets:

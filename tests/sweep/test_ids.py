@@ -40,9 +40,9 @@ def test_the_shipped_studies_ids_change_only_with_the_id_schema():
     ids = study_ids()
     assert all(len(v["tasks"]) for v in ids.values())
     if kept["id_schema"] == ID_SCHEMA and kept["mismatch_version"] == __version__:
-        gone = {name: {key: sorted(set(old) - set(ids.get(name, {}).get(key, []))) for key, old in v.items()}
-                for name, v in kept["ids"].items()}
-        gone = {name: {k: g for k, g in v.items() if g} for name, v in gone.items() if any(v.values())}
+        gone = {f"{name} {key}": sorted(set(old) - set(ids.get(name, {}).get(key, [])))
+                for name, lists in kept["ids"].items() for key, old in lists.items()}
+        gone = {where: lost for where, lost in gone.items() if lost}
         assert not gone, ("kept ids are gone: if a hashed configuration changed, bump mismatch.version.ID_SCHEMA; "
                           f"then run `python -m tests.sweep.test_ids --write` ({gone})")
     else:  # the schema or version moved: every id must have moved with it
