@@ -124,6 +124,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_opd.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_check.py
+	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_cli.py
 
 bench-engines: $(ENGINES)

@@ -6,7 +6,16 @@
 Reads the directory as `mismatch report` does (`mismatch.results.read_results`: every part, the newest row of
 each item) and writes its rows unchanged, so `mismatch report` on the file gives the same reports. With
 `--finished`, only the OPD runs whose sweep task is recorded `done` in the directory's ledger (`_sweep/`) are
-kept: a run stopped mid-way (a session's end) is left out rather than committed half-written.
+kept: a run stopped mid-way (a session's end) is left out rather than committed half-written. With `--only
+STUDY`, only the OPD runs of that study file's plan are kept (its clean twins too); with `--hold-out STUDY`, its
+mismatched runs are left out (its clean twins are kept: they are the other studies' too). The held-out cases of
+the admission check (sweeps/validation.toml) share a results directory with the study and must stay out of the
+thresholds' fit:
+
+    .venv/bin/python experiments/study_data/compact.py results/study experiments/study_data/study.parquet \
+        --finished --hold-out sweeps/validation.toml
+    .venv/bin/python experiments/study_data/compact.py results/study experiments/validation/validation.parquet \
+        --finished --only sweeps/validation.toml
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import pyarrow.parquet as pq
 
 from mismatch.opd.runs import make_config, run_columns
 from mismatch.results import canonical_order, read_results, run_id
+from mismatch.sweep import load_study
 from mismatch.sweep.tasks import read_ledger
 
 
@@ -29,11 +39,24 @@ def finished_runs(source: str | Path) -> set[str]:
             if record.get("status") == "done" and record.get("task", "").startswith("opd ")}
 
 
-def main(source: str, target: str, finished: bool = False) -> None:
+def study_runs(path: str | Path, mismatched_only: bool = False) -> set[str]:
+    """Run ids of the OPD runs a study file plans (only those with a mismatched rollout, if asked)."""
+    return {run_id("opd", run_columns(config)) for config in load_study(path).plan.opd
+            if not mismatched_only or config.rollout != "none"}
+
+
+def main(source: str, target: str, finished: bool = False, only: str | None = None,
+         hold_out: str | None = None) -> None:
     rows = read_results(source)
+    opd = rows["kind"] == "opd"
     if finished:
-        done = finished_runs(source)
-        rows = rows[(rows["kind"] != "opd") | rows["run_id"].isin(done)]
+        rows = rows[~opd | rows["run_id"].isin(finished_runs(source))]
+        opd = rows["kind"] == "opd"
+    if only is not None:
+        rows = rows[opd & rows["run_id"].isin(study_runs(only))]
+        opd = rows["kind"] == "opd"
+    if hold_out is not None:
+        rows = rows[~opd | ~rows["run_id"].isin(study_runs(hold_out, mismatched_only=True))]
     rows = canonical_order(rows)
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), target, compression="zstd", compression_level=9)
@@ -45,5 +68,7 @@ if __name__ == "__main__":
     parser.add_argument("source")
     parser.add_argument("target")
     parser.add_argument("--finished", action="store_true", help="keep only the OPD runs the ledger records as done")
+    parser.add_argument("--only", metavar="STUDY", help="keep only the OPD runs this study file plans")
+    parser.add_argument("--hold-out", metavar="STUDY", help="leave out the mismatched OPD runs this study file plans")
     args = parser.parse_args()
-    main(args.source, args.target, args.finished)
+    main(args.source, args.target, args.finished, args.only, args.hold_out)

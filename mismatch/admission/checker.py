@@ -61,6 +61,9 @@ from mismatch.probes.core import probe, reference
 from mismatch.rollout_spec import RolloutSpec
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
+# With `offload=None` the rollout copy's originals leave memory while it runs when the model's parameters take at
+# least this much: below, a second copy costs less than writing the weights out and reading them back twice.
+OFFLOAD_BYTES = 1 << 30
 
 
 @dataclass
@@ -187,7 +190,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
           seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
           teacher: str | LM | None = None, ref_dtype: str = "fp32", device: str = "cpu",
-          progress: Callable[[str], None] | None = None) -> Admission:
+          offload: bool | None = None, progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
 
     Args:
@@ -216,6 +219,9 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             an `LM`, used as it is. A lag is measured in fp32 only (it trains the checkpoint).
         device: where `model` (and the teacher) is loaded: `"cpu"` (default), `"cuda[:N]"` or `"auto"`
             (`mismatch.model.device.resolve_device`); an `LM` stays where it is.
+        offload: while the rollout copy runs, keep the weights it replaced out of memory (on an accelerator:
+            in host memory; on the CPU: in a temporary file, under `TMPDIR`), so the model holds one copy of its
+            weights, not two; None (default): when its parameters take at least `OFFLOAD_BYTES` (1 GiB).
         progress: `progress(message)` as each stage starts (loading, sampling, scoring, the recipe's
             search): the CLI prints them on stderr.
 
@@ -246,8 +252,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
     table, gates = _thresholds_and_gates(thresholds, presets)
     fitted = not isinstance(thresholds, dict)  # the first gate is the table's fitted limit
+    if offload is None:
+        offload = sum(p.nbytes for p in lm.model.parameters()) >= OFFLOAD_BYTES
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
-                  clip=clip)
+                  clip=clip, offload=offload)
     say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {spec} [{layers}], scoring them")
     metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
     lagged = _lagged(table, pipeline) if teacher is None or not pipeline.lags else [
@@ -401,18 +409,19 @@ def _recipe(admission: Admission, lm: LM, batch: Batch, gates: list[Gate], texts
 
 
 def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate], *, chat: bool,
-            context: tuple[tuple[str, str], ...], max_new_tokens: int, seed: int, clip: float
-            ) -> tuple[dict[str, float], list[Decision], Batch]:
+            context: tuple[tuple[str, str], ...], max_new_tokens: int, seed: int, clip: float,
+            offload: bool = False) -> tuple[dict[str, float], list[Decision], Batch]:
     """Sample the calibration responses with `lm` under `spec` on `layers`, score them by `lm`
-    (reference pass) and by the rollout copy (candidate pass), and apply `gates`.
+    (reference pass) and by the rollout copy (candidate pass), and apply `gates`; with `offload` the rollout
+    copy's originals leave memory while it runs (`mismatch.perturb.perturb_`).
 
     Returns:
         `(metrics, decisions, batch)`: every statistic, one `Decision` per gate, the sampled batch.
     """
-    with open_source(lm, spec, layers, seed=seed) as source:  # sampled the way the rollout copy would
+    with open_source(lm, spec, layers, seed=seed, offload=offload) as source:  # sampled as the rollout copy would
         batch = source.generate(texts, max_new_tokens=max_new_tokens, chat=chat, context=context, seed=seed)
     ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
-    with open_source(lm, spec, layers, seed=seed) as source:
+    with open_source(lm, spec, layers, seed=seed, offload=offload) as source:
         result = probe(ref, source.candidate, per_layer=False, clip=clip)
     tok = result.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),

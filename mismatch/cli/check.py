@@ -42,6 +42,10 @@ def check(
                                                 "whatever the answer / never (default: on a reject).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
     device: Device = "auto",
+    offload: Annotated[bool | None, typer.Option("--offload/--no-offload", help="Keep the weights the rollout copy "
+                                                 "replaced out of memory while it runs (host memory from a GPU, a "
+                                                 "temporary file from the CPU); default: for models of 1 GiB and more.")
+                       ] = None,
     threads: Threads = None,
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
@@ -60,7 +64,7 @@ def check(
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
                                         rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, device=device,
-                                        progress=say)
+                                        offload=offload, progress=say)
     if json_out:
         typer.echo(json_text(admission.to_dict()))
     else:

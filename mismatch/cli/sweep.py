@@ -16,7 +16,8 @@ def sweep(
     out_dir: Annotated[Path, typer.Option("--out", help="Results dataset directory (shared storage on a cluster).")],
     resume: Annotated[bool, typer.Option(help="Skip tasks already done (failed ones too, unless retried).")] = False,
     retry_failed: Annotated[bool, typer.Option(help="With --resume, run failed tasks again.")] = False,
-    dry_run: Annotated[bool, typer.Option(help="Print the planned tasks and stop.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Print the planned tasks (with --resume: those still to run) and "
+                                               "stop.")] = False,
     workers: Annotated[int | None, typer.Option(help="Run N tasks at a time as Ray tasks on a local Ray.")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (auto or HOST:PORT).")] = None,
     decide: Annotated[bool | None, typer.Option(
@@ -41,6 +42,8 @@ def sweep(
         found = []
         if decide:  # the rounds the results on disk call for, the next one included
             plan, found = sweep_lib.with_rounds(plan, out_dir, max_seeds=max_seeds)
+        if resume:
+            plan = sweep_lib.still_to_run(plan, out_dir, retry_failed=retry_failed)
         out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
         return out.print(console.rounds_table(found)) if found else None
     with console.Bars(err) as bars:

@@ -63,7 +63,8 @@ class RolloutSource:
 
 @contextmanager
 def open_source(lm: LM, spec: str, layers: str = "linear", *, seed: int = 0,
-                calibration_ids: torch.Tensor | None = None, n_ctx: int | None = None) -> Iterator[RolloutSource]:
+                calibration_ids: torch.Tensor | None = None, n_ctx: int | None = None, offload: bool = False
+                ) -> Iterator[RolloutSource]:
     """The rollout source of `lm` under `spec` (a perturbation on `layers`, or `engine:…`), for the block.
 
     Args:
@@ -72,6 +73,7 @@ def open_source(lm: LM, spec: str, layers: str = "linear", *, seed: int = 0,
         layers: the perturbation's scope (ignored by an engine: it runs the whole model).
         seed: the perturbation's seed (noise); calibration_ids: `[B, T]` for static activation scales.
         n_ctx: the engine's context in tokens (default: the model's, at most 2048).
+        offload: the perturbation's originals leave memory while it is on (`mismatch.perturb.perturb_`).
     """
     config = parse_candidate(spec)
     if isinstance(config, EngineConfig):
@@ -81,5 +83,6 @@ def open_source(lm: LM, spec: str, layers: str = "linear", *, seed: int = 0,
         finally:
             runner.close()
         return
-    with perturbed(lm.model, str(config), layers=layers, seed=seed, calibration_ids=calibration_ids) as cand:
+    with perturbed(lm.model, str(config), layers=layers, seed=seed, calibration_ids=calibration_ids,
+                   offload=offload) as cand:
         yield RolloutSource(LM(cand, lm.tokenizer, lm.name), lm.tokenizer)

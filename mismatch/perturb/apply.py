@@ -23,7 +23,7 @@ from torch import nn
 
 from mismatch.perturb.registry import ApplyContext, kind_of
 from mismatch.perturb.scope import select
-from mismatch.perturb.snapshot import Snapshot
+from mismatch.perturb.snapshot import Snapshot, reload_, trim_heap
 from mismatch.perturb.spec import PerturbConfig, parse_spec
 
 # Key in `model.__dict__` (not a registered attribute, so never in `state_dict` or `named_modules`)
@@ -57,7 +57,7 @@ def _unmark_active(model: nn.Module, snap: Snapshot) -> None:
 
 
 def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linear",
-             seed: int = 0, calibration_ids: torch.Tensor | None = None) -> Snapshot:
+             seed: int = 0, calibration_ids: torch.Tensor | None = None, offload: bool = False) -> Snapshot:
     """Perturb `model` in place; return the `Snapshot` that `restore_` needs.
 
     Args:
@@ -67,6 +67,9 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
         seed: seed of the noise generator (`noise:SIGMA`).
         calibration_ids: `[B, T]` token ids to calibrate static activation scales
             (`quanto-…:a8` only).
+        offload: move each replaced original's values out of memory while perturbed (an accelerator's to
+            host memory, the CPU's to a temporary file; `mismatch.perturb.snapshot.offload_`), so the
+            model holds one copy of its weights instead of two; `restore_` reads them back, bitwise.
 
     Raises:
         InputError: unknown spec or scope, `stale:K` outside an OPD run, or a backend that
@@ -75,13 +78,20 @@ def perturb_(model: nn.Module, config: PerturbConfig | str, layers: str = "linea
     config = parse_spec(config) if isinstance(config, str) else config
     kind = kind_of(config)
     names = select(model, layers)
-    snap = Snapshot(spec=str(config), layers=layers, names=names)
+    snap = Snapshot(spec=str(config), layers=layers, names=names, offload=offload)
+    if offload:  # a parameter reached under two names (tied weights) stays in memory when one is swapped
+        seen: dict[int, int] = {}
+        for _, param in model.named_parameters(remove_duplicate=False):
+            seen[id(param)] = seen.get(id(param), 0) + 1
+        snap.shared = frozenset(i for i, n in seen.items() if n > 1)
     _mark_active(model, snap)
     try:
         kind.handler(config, model, names, snap, ApplyContext(seed=seed, calibration_ids=calibration_ids))
     except BaseException:
         restore_(model, snap)
         raise
+    if offload:  # the rounding's temporaries, freed between the new weights, leave the heap's arenas too
+        trim_heap()
     return snap
 
 
@@ -95,13 +105,15 @@ def restore_(model: nn.Module, snapshot: Snapshot) -> None:
         setattr(module, name, original)
     for parent, child, original in reversed(snapshot.modules):
         setattr(parent, child, original)
+    reload_(snapshot)  # after the swaps back: the perturbed copies are freed before the originals return
     _unmark_active(model, snapshot)
     snapshot.restored = True
 
 
 @contextmanager
 def perturbed(model: nn.Module, spec: PerturbConfig | str, layers: str = "linear",
-              seed: int = 0, calibration_ids: torch.Tensor | None = None) -> Iterator[nn.Module]:
+              seed: int = 0, calibration_ids: torch.Tensor | None = None, offload: bool = False
+              ) -> Iterator[nn.Module]:
     """Context manager: the model perturbed in place inside the block, exactly restored after.
 
     Args: as `perturb_`.
@@ -109,7 +121,7 @@ def perturbed(model: nn.Module, spec: PerturbConfig | str, layers: str = "linear
     Yields:
         The candidate model (the same object, perturbed).
     """
-    snap = perturb_(model, spec, layers=layers, seed=seed, calibration_ids=calibration_ids)
+    snap = perturb_(model, spec, layers=layers, seed=seed, calibration_ids=calibration_ids, offload=offload)
     try:
         yield model
     finally:

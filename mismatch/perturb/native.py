@@ -66,9 +66,10 @@ def _apply_fp8_(config: FP8Config, model: nn.Module, names: list[str], snap: Sna
     for _, module in targets:
         for attr in weight_names(module):
             original = weight_out_in(module, attr)
-            swap_weight_(snap, module, rounding.round_fp8(original, config.fmt, config.granularity), attr)
-            if config.scaled_mm:  # the layer's forward on the FP8 GEMM (activations quantized inside)
+            if config.scaled_mm:  # the layer's forward on the FP8 GEMM (activations quantized inside); before the
+                # swap, which may offload the original
                 snap.hooks.append(fp8_gemm.install(module, original, config.fmt, config.granularity)[1])
+            swap_weight_(snap, module, rounding.round_fp8(original, config.fmt, config.granularity), attr)
         if config.w8a8 and not config.scaled_mm:
             group = fp8_gemm.BLOCK if config.granularity == "block128" else None  # as the kernel's activations
             snap.hooks.append(module.register_forward_pre_hook(_fp8_activation_hook(config.fmt, group)))

@@ -2,9 +2,9 @@
 dataset (`tasks`), serially or on Ray (`runner`, `ray_pool`), resumable through a ledger; with adaptive
 seeds in rounds for the levels still undecided (`decide`)."""
 
-from mismatch.sweep.runner import SweepReport, run_study, with_rounds
+from mismatch.sweep.runner import SweepReport, run_study, still_to_run, with_rounds
 from mismatch.sweep.study import Plan, Study, load_study, plan_study
 from mismatch.sweep.tasks import execute, read_ledger, task_id, task_label
 
 __all__ = ["Plan", "Study", "SweepReport", "execute", "load_study", "plan_study", "read_ledger", "run_study",
-           "task_id", "task_label", "with_rounds"]
+           "still_to_run", "task_id", "task_label", "with_rounds"]

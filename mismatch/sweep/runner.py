@@ -131,6 +131,18 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
     return report
 
 
+def still_to_run(study: Study, out: str | Path, *, retry_failed: bool = False) -> Study:
+    """`study` with only the tasks `run_study(study, out, resume=True, retry_failed=…)` would run (what
+    `mismatch sweep --resume --dry-run` lists): the ones the ledger in `out` does not record as done (or as
+    failed, unless `retry_failed`) at the study's torch threads."""
+    todo, _ = pending_tasks((*study.plan.probes, *study.plan.opd), Path(out), resume=True, retry_failed=retry_failed,
+                            threads=study.threads)
+    kept = {task_id(t) for t in todo}
+    plan = dataclasses.replace(study.plan, probes=tuple(t for t in study.plan.probes if task_id(t) in kept),
+                               opd=tuple(t for t in study.plan.opd if task_id(t) in kept))
+    return dataclasses.replace(study, plan=plan)
+
+
 def _check_seed_caps(study: Study, max_seeds: int) -> None:
     """Refuse a cap on adaptive seeds below the seeds a level already plans: the rounds could never add one, and
     the cap would read as the design's when the plan is."""

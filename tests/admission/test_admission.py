@@ -118,6 +118,25 @@ def test_same_seed_same_answer_and_the_spec_scope_is_recorded():
     assert (a.rollout, a.layers) == ("fp8-e4m3:channel", "mlp")
 
 
+def test_offloading_the_originals_changes_no_number_and_restores_the_weights(monkeypatch, tmp_path):
+    """offload=True (what a checkpoint of 1 GiB or more gets by default) writes the replaced weights out while
+    the rollout copy runs and reads them back: the same answer to the last bit, the same weights after."""
+    import mismatch.perturb.snapshot as snapshot
+
+    lm = mismatch.load("tiny-llama")
+    before = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    written = []
+    real = snapshot.offload_
+    monkeypatch.setattr(snapshot, "offload_", lambda snap, p: (written.append(p.numel() * snap.offload), real(snap, p)))
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=8)
+    kept = check(lm, "fp8-e4m3:channel", calibration=cal, thresholds={"mismatch_kl": 1.0}, seed=5, offload=False)
+    assert not any(written)
+    out = check(lm, "fp8-e4m3:channel", calibration=cal, thresholds={"mismatch_kl": 1.0}, seed=5, offload=True)
+    assert sum(written) == 2 * sum(p.numel() for n, p in lm.model.named_parameters() if n.endswith("proj.weight"))
+    assert out.metrics == kept.metrics and out.status == kept.status
+    assert all(torch.equal(p, before[n]) for n, p in lm.model.named_parameters())
+
+
 def test_decision_rules():
     assert decide(0.1, 0.05, 0.2, 0.3) == "admit" and decide(0.5, 0.4, 0.6, 0.3) == "reject"
     assert decide(0.3, 0.2, 0.4, 0.3) == "uncertain" and decide(float("nan"), 0, 0, 1) == "uncertain"

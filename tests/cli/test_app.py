@@ -406,3 +406,18 @@ def test_threads_sets_the_commands_torch_threads(tmp_path, monkeypatch):
         assert bad.exit_code == 2 and bad.stderr.strip() == "error: --threads must be ≥ 1, got 0"
     finally:
         torch.set_num_threads(before)
+
+
+def test_check_offload_flag_reaches_the_check_and_changes_no_number():
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from mismatch.cli.app import app
+
+    argv = ["check", "tiny-llama", "--rollout", "int4:group128", "--n-prompts", "2", "--max-new-tokens", "4",
+            "--no-recipe", "--json", "--device", "cpu"]
+    runs = [CliRunner().invoke(app, [*argv, flag]) for flag in ("--offload", "--no-offload")]
+    assert all(r.exit_code in (0, 1, 3) for r in runs), [r.output[-300:] for r in runs]
+    one, two = (_json.loads(r.stdout) for r in runs)
+    assert one["metrics"] == two["metrics"] and one["status"] == two["status"]

@@ -99,3 +99,18 @@ def test_the_prepared_gpu_script_dry_runs_on_the_cpu_and_writes_every_part(tmp_p
     assert ("skipped" in report["rollout_speed"]) == (not CUDA)
     if not CUDA:
         assert script.main(["--out", str(tmp_path / "none.json")]) == 2 and not (tmp_path / "none.json").exists()
+
+
+@needs_cuda
+def test_offload_on_cuda_keeps_the_originals_in_host_memory_and_restores_them_bitwise():
+    from mismatch.perturb import active_perturbations, perturbed
+
+    lm = mismatch.load("tiny-llama", device="cuda")
+    before = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    with perturbed(lm.model, "int4:group128", layers="linear", offload=True) as cand:
+        snap = active_perturbations(cand)[-1]
+        assert snap.offloaded and all(isinstance(where, torch.Tensor) and where.device.type == "cpu"
+                                      for _, where, _ in snap.offloaded)
+        assert snap.offload_dir is None
+    for name, param in lm.model.named_parameters():
+        assert param.device.type == "cuda" and torch.equal(param, before[name]), name

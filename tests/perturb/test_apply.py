@@ -1,6 +1,7 @@
 """perturb_/restore_/perturbed: exact restore, real backend modules, noise determinism."""
 
 import logging
+import os
 import warnings
 
 import pytest
@@ -257,3 +258,107 @@ def test_bnb_4bit_layers_compute_with_the_4bit_weights_computed_by_hand(method, 
         plain = lin(x)
     assert float((got - want).norm() / want.norm()) < 0.02
     assert float((got - plain).norm() / plain.norm()) > 0.03  # the premise: it is quantized
+
+
+OFFLOAD_SPECS = ["fp8-e4m3:channel", "fp8-e4m3:channel,w8a8,scaled_mm", "int4:group128", "dtype:bf16", "noise:0.05",
+                 "bnb-nf4", "quanto-int8"]
+
+
+@pytest.mark.parametrize("spec", OFFLOAD_SPECS)
+def test_offload_frees_the_originals_and_restores_them_bitwise(spec, tmp_path, monkeypatch):
+    """With offload the replaced originals hold no values while perturbed (they are in a temporary file),
+    the perturbed model computes exactly what it computes without offload, and restoring gives back the
+    same Parameter objects with the same bits (and the same version counters, so a Reference replays)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    lm = mismatch.load("tiny-llama")
+    ids = random_ids(2, 12, seed=3)
+    before = _state(lm.model)
+    objects = {n: (p, p._version) for n, p in lm.model.named_parameters()}
+    with torch.no_grad():
+        with perturbed(lm.model, spec, layers="all", calibration_ids=ids):
+            kept = lm.model(ids).logits
+        with perturbed(lm.model, spec, layers="all", calibration_ids=ids, offload=True) as cand:
+            snap = mismatch.perturb.active_perturbations(cand)[-1]
+            replaced = [p for _, _, p in snap.params] + [p for _, _, m in snap.modules for p in m.parameters()]
+            assert replaced and all(p.numel() == 0 for p in replaced)
+            files = list(tmp_path.rglob("*.bin"))
+            assert len(files) == len(replaced)
+            ids_replaced = {id(p) for p in replaced}
+            assert sum(f.stat().st_size for f in files) == sum(before[0][n].nbytes for n, (p, _) in objects.items()
+                                                                if id(p) in ids_replaced)
+            offloaded = cand(ids).logits
+    assert torch.equal(offloaded, kept)
+    _assert_restored(lm.model, before)
+    assert {n: (p, p._version) for n, p in lm.model.named_parameters()} == objects
+    assert not list(tmp_path.glob("mismatch-offload-*"))  # the temporary directory is gone
+
+
+def test_offload_keeps_a_tied_embedding_and_restores_on_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    lm = mismatch.load("tiny-qwen3")  # tie_word_embeddings=True
+    emb = lm.model.get_input_embeddings().weight
+    before = _state(lm.model)
+    ids = random_ids(1, 8)
+    with pytest.raises(RuntimeError, match="boom"):
+        with perturbed(lm.model, "int4:group128", layers="all", offload=True):
+            assert emb.numel() > 0 and torch.equal(emb, before[0]["model.embed_tokens.weight"])
+            assert lm.model.model.layers[0].self_attn.q_proj.weight.numel() > 0  # the perturbed copy
+            with torch.no_grad():
+                assert torch.isfinite(lm.model(ids).logits).all()
+            raise RuntimeError("boom")
+    _assert_restored(lm.model, before)
+    assert lm.model.lm_head.weight is emb and not list(tmp_path.glob("mismatch-offload-*"))
+
+
+def test_offload_of_a_memory_mapped_checkpoint_pages_it_out_and_keeps_its_data(tmp_path):
+    """A checkpoint loaded in its own dtype is a view of the safetensors file (transformers maps it): offloading
+    keeps those originals' data (it is in the file) and hands their pages back to the kernel, so they are not
+    resident beside the perturbed copies; the answer and the restored weights are those without offloading."""
+    from mismatch.perturb import active_perturbations
+    from mismatch.perturb.snapshot import _file_mappings
+
+    tiny = mismatch.load("tiny-llama")
+    tiny.model.save_pretrained(tmp_path / "ckpt")
+    tiny.tokenizer.save_pretrained(tmp_path / "ckpt")
+    for path in (tmp_path / "ckpt").glob("*.safetensors"):  # on disk: dirty pages cannot be handed back yet
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    lm = mismatch.load(str(tmp_path / "ckpt"))
+    weights = {n: p for n, p in lm.model.named_parameters() if n.endswith("proj.weight")}
+    spans = _file_mappings()
+    mapped = {n for n, p in weights.items() if any(lo <= p.data_ptr() < hi for lo, hi in spans)}
+    if not mapped:
+        pytest.skip("this transformers copies the checkpoint's tensors (no memory map to page out)")
+
+    def resident():  # bytes of the checkpoint's mapping resident in this process (/proc/self/smaps)
+        lo = hi = None
+        for line in open("/proc/self/smaps"):
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+            elif head[0] == "Rss:" and lo <= weights[big].data_ptr() < hi:
+                return int(head[1]) * 1024
+        raise AssertionError("the weight's mapping is gone")
+
+    ids = random_ids(2, 12, seed=3)
+    before = _state(lm.model)
+    big = max(mapped, key=lambda n: weights[n].nbytes)
+
+    with torch.no_grad():
+        with perturbed(lm.model, "int4:group128") as cand:
+            kept = cand(ids).logits
+        touched = resident()  # read by the rounding and the forward: resident
+        with perturbed(lm.model, "int4:group128", offload=True) as cand:
+            snap = active_perturbations(cand)[-1]
+            assert {id(p) for p, _, _ in snap.offloaded}.isdisjoint(id(weights[n]) for n in mapped)  # kept, not written
+            assert all(weights[n].numel() > 0 for n in mapped)
+            handed_back = sum(weights[n].nbytes for n in mapped)
+            assert resident() <= touched - handed_back // 2  # at least half its pages handed back (partial ones stay)
+            offloaded = cand(ids).logits
+    assert torch.equal(offloaded, kept)
+    _assert_restored(lm.model, before)

@@ -17,7 +17,8 @@ import pytest
 from mismatch.opd.verdict import verdict_table
 from mismatch.opd.runs import run_columns
 from mismatch.results import ROW_KEY, read_results, run_id, summaries
-from mismatch.sweep import load_study, read_ledger, run_study, task_id
+from mismatch.sweep import load_study, read_ledger, run_study, still_to_run, task_id
+from mismatch.sweep.tasks import LEDGER, write_record
 from mismatch.opd import OPDConfig
 import mismatch
 from mismatch.pairs.registry import member_spec
@@ -106,6 +107,15 @@ def test_a_sweep_runs_every_task_once_and_resume_skips_them(tmp_path):
     again = run_study(study, out, resume=True)
     assert again.ran == () and len(again.skipped) == 4
     assert sorted(p.name for p in out.glob("*.parquet")) == parts  # nothing rewritten
+    # what `--resume --dry-run` lists: nothing now; a task whose record is gone (or failed) again
+    assert still_to_run(study, out).plan.opd == () and still_to_run(study, out).plan.probes == ()
+    last = study.plan.opd[-1]
+    record = read_ledger(out)[task_id(last)]
+    write_record(out, task_id(last), {**record, "status": "failed"})
+    assert still_to_run(study, out).plan.opd == () and still_to_run(study, out, retry_failed=True).plan.opd == (last,)
+    (out / LEDGER / f"{task_id(last)}.json").unlink()
+    assert still_to_run(study, out).plan.opd == (last,)
+    assert run_study(study, out, resume=True).ran == (task_id(last),)
 
 
 @pytest.mark.slow
