@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Threads, early, err, out
+from mismatch.cli.common import Device, Threads, early, err, out
 from mismatch.errors import InputError
 from mismatch.files import json_text
 
@@ -27,6 +27,8 @@ def score_rollouts(
     clip: Annotated[float, typer.Option(help="IS ratios outside [1/clip, clip] count as outside.")] = 2.0,
     text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    ref_dtype: Annotated[str, typer.Option(help="The trainer's precision, MODEL's dtype: fp32, bf16 or fp16.")] = "fp32",
+    device: Device = "auto",
     threads: Threads = None,
 ) -> None:
     """Score an engine's sampled rollouts (with its own log-probs) against MODEL teacher-forced, or, without MODEL,
@@ -41,7 +43,8 @@ def score_rollouts(
     from mismatch.engines.score import trainer_side
 
     with err.status(f"scoring {rollouts}{'' if model is None else f' with {model}'}…"):
-        result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path)
+        result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path, ref_dtype=ref_dtype,
+                           device=device)
     if out_path is not None:
         console.wrote(err, out_path)
     for note in result.notes:

@@ -30,7 +30,7 @@ from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.files import check_writable
 from mismatch.model.head import Head, head_inputs, logprob_chunks
 from mismatch.metrics import ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
-from mismatch.model.loader import LM, context_length
+from mismatch.model.loader import LM, context_length, parse_dtype
 from mismatch.pairs.registry import load_member
 from mismatch.model.positions import response_index
 from mismatch.probes.core import LAYER_COLUMNS, ProbeResult
@@ -188,9 +188,10 @@ def _score_group(lm: LM, records: list[DumpRecord], first_seq: int, chunk_tokens
             top_mask[n, :len(t)] = True
     logp_N = torch.empty(len(tops), dtype=torch.float32)
     top_lp = torch.zeros_like(top_lq)
+    token_dev, top_dev = token_N.to(rows.device), top_ids.to(rows.device)  # the head's device; columns stay on the CPU
     for at, logp_CV in logprob_chunks(Head.of(lm.model), rows, chunk_tokens):
-        logp_N[at] = logp_CV.gather(-1, token_N[at].unsqueeze(-1)).squeeze(-1)
-        top_lp[at] = logp_CV.gather(-1, top_ids[at]).double()
+        logp_N[at] = logp_CV.gather(-1, token_dev[at].unsqueeze(-1)).squeeze(-1).cpu()
+        top_lp[at] = logp_CV.gather(-1, top_dev[at]).double().cpu()
     bad = ~torch.isfinite(logp_N)
     if bool(bad.any()):
         n = int(bad.nonzero()[0])
@@ -252,7 +253,7 @@ def trainer_side(result: ProbeResult) -> str:
 
 def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *, clip: float = 2.0,
                    check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS,
-                   out: str | Path | None = None) -> ProbeResult:
+                   out: str | Path | None = None, ref_dtype: str = "fp32", device: str = "cpu") -> ProbeResult:
     """Score an engine's sampled rollouts, with its own log-probs, against the trainer's: `model`
     teacher-forced, or without a model the trainer log-probs the dump logged.
 
@@ -268,6 +269,9 @@ def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *,
         check_text: check that each response's ids decode to the text the engine printed.
         chunk_tokens, batch_tokens: rows per head matmul; padded tokens per forward pass.
         out: also write `per_token` there (`.parquet` or `.csv`, complete or not at all).
+        ref_dtype: the precision a model spec is loaded in, the trainer's (`fp32`, `bf16`, `fp16`); the log-probs
+            are computed in fp32 from its hidden states either way. Ignored for an `LM` and without a model.
+        device: where a model spec is loaded (`"cpu"`, `"cuda[:N]"`, `"auto"`); the columns come back on the CPU.
 
     Returns:
         A `ProbeResult` with `per_token` columns seq (record order), pos (position in prompt +
@@ -288,7 +292,8 @@ def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *,
         raise InputError(f"the per-token table's file must end in .parquet or .csv, got {out}")
     if out is not None:
         check_writable(out, "per-token table", folder=False)
-    lm = None if model is None else model if isinstance(model, LM) else load_member(model)
+    lm = None if model is None else model if isinstance(model, LM) else load_member(model, dtype=parse_dtype(ref_dtype),
+                                                                                     device=device)
     tokenizer = None if lm is None else lm.tokenizer  # OpenAI-compatible token strings need it
     dump = rollouts if isinstance(rollouts, EngineDump) else read_rollouts(rollouts, tokenizer)
     cols = _logged_columns(dump) if lm is None else _model_columns(lm, dump, check_text, chunk_tokens, batch_tokens)

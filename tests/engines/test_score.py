@@ -109,6 +109,29 @@ def test_statistics_equal_a_plain_recomputation(engine, tmp_path):
     assert s["rollout_corr/kl"] == s["mismatch_kl"] > 0.05  # a real mismatch was measured
 
 
+def test_the_trainer_side_in_bf16_is_the_bf16_model_teacher_forced(engine, tmp_path):
+    """`ref_dtype="bf16"` loads the checkpoint as a bf16 trainer runs it: its log-probs are the bf16 model's own
+    (a plain forward of that model, one record at a time as scored here), not the fp32 model's."""
+    _, records = engine
+    path = write_rollouts(tmp_path / "d.jsonl", records)
+    got = score_rollouts("tiny-llama", path, ref_dtype="bf16", device="cpu", batch_tokens=1).per_token["logp_ref"]
+    bf16, fp32 = mismatch.load("tiny-llama", dtype="bf16").model, mismatch.load("tiny-llama").model
+    want, bound, off32 = [], [], []
+    for r in records:
+        ids = list(r.prompt_ids + r.response_ids)
+        y = torch.tensor(r.response_ids)[:, None]
+        with torch.no_grad():
+            z = bf16(input_ids=torch.tensor([ids])).logits[0, :-1][len(r.prompt_ids) - 1:].double()
+        want += z.log_softmax(-1).gather(-1, y).squeeze(-1).tolist()
+        # the plain forward rounds its logits to bf16 (the scorer's head keeps them in fp32): each logit moves by
+        # at most half a bf16 ulp, 2^-9 |z|, so log p(y) = z_y - logsumexp(z) by at most 2 · 2^-9 · max |z|
+        bound += (2 * 2.0 ** -9 * z.abs().amax(-1)).tolist()
+        off32 += _full_logp(fp32, ids)[len(r.prompt_ids) - 1:].gather(-1, y).squeeze(-1).tolist()
+    gap = [abs(a - b) for a, b in zip(got, want)]
+    assert all(g <= b + 1e-6 for g, b in zip(gap, bound)), max(g - b for g, b in zip(gap, bound))
+    assert max(abs(a - b) for a, b in zip(got, off32)) > max(gap)  # the fp32 model is another trainer
+
+
 def test_every_engine_shape_gives_the_same_numbers(engine, tmp_path):
     lm, records = engine
     ours = score_rollouts(lm, write_rollouts(tmp_path / "d.parquet", records, {"engine": "noisy torch"}))
@@ -440,3 +463,14 @@ def test_a_scored_mask_and_logged_trainer_log_probs_round_trip_and_are_respected
                                                                   "no response position is scored")):
         with pytest.raises(InputError, match=message):
             read_rollouts(write_rollouts(tmp_path / "bad.jsonl", [DumpRecord(r.prompt_ids, r.response_ids, r.logprobs, **bad)]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_scoring_on_cuda_agrees_with_the_cpu_within_fp32_rounding(engine, tmp_path):
+    lm, records = engine
+    path = write_rollouts(tmp_path / "d.jsonl", records)
+    cpu = score_rollouts(lm, path).per_token
+    gpu = score_rollouts("tiny-llama", path, device="cuda").per_token
+    assert gpu["token"].tolist() == cpu["token"].tolist()
+    # fp32 with TF32 off: two reduction orders, a few ulps per layer
+    assert gpu["logp_ref"].tolist() == pytest.approx(cpu["logp_ref"].tolist(), abs=1e-4)
