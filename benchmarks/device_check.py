@@ -13,7 +13,9 @@ its one-line error and the rest still run):
     (the real FP8 GEMM, a bf16 trainer), its decision, statistic and wall time, beside the committed CPU
     answer (experiments/admission_example/fp8_kernel_bf16.json) where MODEL is smollm2-135m;
   * `rollout_speed`: generation tokens/s of MODEL in bf16 and under the real-FP8 copy (the cost model's
-    measured branch, `mismatch.rollout_cost.measured_cost`), on CUDA only.
+    measured branch, `mismatch.rollout_cost.measured_cost`), on CUDA only;
+  * `scale_check`: the same check on benchmarks/bench_scale.py's 1.71B-parameter random-init bf16 checkpoint
+    (built once on the CPU, ~1 minute), its wall time and the GPU's peak memory, on CUDA only.
 Then commit the JSON's numbers to docs/benchmarks.md. Without CUDA and without `--device cpu` it says so in
 one line and exits 2.
 """
@@ -86,6 +88,31 @@ def check_on_device(model: str, device: str) -> dict:
     return out
 
 
+def scale_check(device: str) -> dict:
+    """The check on the 1.71B-parameter random-init bf16 checkpoint of benchmarks/bench_scale.py (built once,
+    on the CPU), on the device with the real FP8 GEMM: its answer, wall time and the device's peak memory."""
+    import torch
+
+    import mismatch
+
+    if not device.startswith("cuda"):
+        return {"skipped": "on CUDA only (benchmarks/bench_scale.py measures it on the CPU)"}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_scale
+
+    checkpoint = bench_scale.build_checkpoint(Path.home() / ".cache" / "mismatch" / "bench-scale" /
+                                              "smollm2-1.7b-random-bf16")
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    adm = mismatch.check(str(checkpoint), "fp8-e4m3:channel,w8a8,scaled_mm", ref_dtype="bf16", device=device,
+                         recipe=False)
+    first = adm.decisions[0]
+    weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    return {"status": adm.status, "mismatch_kl": first.value, "interval": [first.low, first.high],
+            "tokens": adm.calibration.get("tokens"), "check_seconds": round(time.perf_counter() - start, 2),
+            "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30, "weights_gib": weights / 2**30}
+
+
 def rollout_speed(model: str) -> dict:
     import torch
 
@@ -118,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     timed(report, "probe", lambda: probe_side_by_side(args.model, args.device))
     timed(report, "check", lambda: check_on_device(args.model, args.device))
     timed(report, "rollout_speed", lambda: rollout_speed(args.model))
+    timed(report, "scale_check", lambda: scale_check(args.device))
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0 if not any("error" in v for v in report.values() if isinstance(v, dict)) else 1

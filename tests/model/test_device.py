@@ -97,6 +97,7 @@ def test_the_prepared_gpu_script_dry_runs_on_the_cpu_and_writes_every_part(tmp_p
     assert report["probe"]["kl_fwd_mean_ratio"] == 1.0 and report["probe"]["cpu"]["tokens"] > 0
     assert report["check"]["status"] in ("admit", "reject", "uncertain") and report["check"]["mismatch_kl"] > 0
     assert ("skipped" in report["rollout_speed"]) == (not CUDA)
+    assert "skipped" in report["scale_check"]  # --device cpu: the scale check is bench_scale.py's there
     if not CUDA:
         assert script.main(["--out", str(tmp_path / "none.json")]) == 2 and not (tmp_path / "none.json").exists()
 
