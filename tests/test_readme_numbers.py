@@ -35,7 +35,8 @@ def _report_numbers() -> set[str]:
 
 
 def _example_numbers() -> set[str]:
-    """Every number of the worked example's check outputs (`experiments/admission_example/*.json`), in the
+    """Every number of the worked example's check outputs (`experiments/admission_example/*.json`) and of the
+    held-out cases' comparison (`experiments/validation/validation.json`, written by its compare.py), in the
     forms the page rounds them to (3 and 4 significant digits, 1–4 decimals)."""
     import json
 
@@ -53,7 +54,8 @@ def _example_numbers() -> set[str]:
         elif isinstance(value, str):
             found.update(_normal(n) for n in NUMBER.findall(value))
 
-    for path in sorted((ROOT / "experiments" / "admission_example").glob("*.json")):
+    for path in [*sorted((ROOT / "experiments" / "admission_example").glob("*.json")),
+                 ROOT / "experiments" / "validation" / "validation.json"]:  # and the held-out cases' verdicts
         walk(json.loads(path.read_text(encoding="utf-8")))
     return found
 

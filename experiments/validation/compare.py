@@ -10,7 +10,8 @@ never fits on them; the verdicts are the study's own analysis (`mismatch.opd.tol
 together with the study's (the pair's A/A runs set the basis of each interval, as in reports/).
 
 The check agrees with the study where it admits a tolerated level or rejects a not-tolerated one; an undecided
-level (the study's interval straddles its threshold) neither confirms nor refutes it, and is said so.
+level (the study's interval straddles its threshold) neither confirms nor refutes it, and is said so, with
+whether its means kept up with clean (`mismatch.opd.tolerance.kept_up`: a direction, not a verdict).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.tolerance import analyse
+from mismatch.opd.tolerance import analyse, kept_up
 from mismatch.verdict import DEFAULT_TOLERANCE
 
 HERE = Path(__file__).resolve().parent
@@ -56,6 +57,7 @@ def main() -> dict:
             "acc_delta": float(lv["acc_delta"]), "acc_delta_hw": float(lv["acc_delta_hw"]),
             "first_step_mismatch_kl": float(lv["mismatch_kl"]),
             "agrees": AGREES.get((admission["status"], lv["verdict"])),  # None: the study did not decide
+            "kept_up_by_means": bool(kept_up(level, tolerance=DEFAULT_TOLERANCE).iloc[0]),
         })
     result = {"pair": "smollm2-concise", "loss": "full-rkl", "lr": 3e-5, "steps": 40, "cases": out}
     (HERE / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -65,7 +67,8 @@ def main() -> dict:
               f"{case['mismatch_kl']:.4f} [{case['mismatch_kl_interval'][0]:.4f}, {case['mismatch_kl_interval'][1]:.4f}]"
               f", limit {case['limit']:.4f}); study {case['study']} at {case['seeds']} seeds (KL ratio "
               f"{case['kl_ratio']:.3f} ± {case['kl_ratio_hw']:.3f}, Δacc {case['acc_delta']:+.3f} ± "
-              f"{case['acc_delta_hw']:.3f}): {verdict}")
+              f"{case['acc_delta_hw']:.3f}): {verdict}; by the means "
+              + ("kept up with clean" if case["kept_up_by_means"] else "fell behind clean"))
     return result
 
 
