@@ -145,7 +145,8 @@ def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, 
                   say: Callable[[str], None]) -> tuple[Decision, str]:
     """The pipeline's lag measured on the checkpoint (`measure_lag`), judged against the window limit of
     the thresholds' primary statistic."""
-    _, teacher_lm = _loaded(teacher, sample["seed"], device=model_device(lm.model))  # beside the checkpoint
+    _, teacher_lm = _loaded(teacher, sample["seed"], next(lm.model.parameters()).dtype,  # beside the checkpoint,
+                            device=model_device(lm.model))                               # in its precision
     check_same_vocabulary(lm, teacher_lm, f"{name} and its teacher")
     K, R = pipeline.staleness, pipeline.reuse
     say(f"measuring staleness {K} and reuse {R} on {name}: {K + WINDOW} OPD steps against {teacher_lm.name}")
@@ -240,9 +241,6 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
-    if teacher is not None and pipeline.lags and parse_dtype(ref_dtype) != torch.float32:
-        raise InputError(f"measuring a lag trains the checkpoint, in fp32 here: give --ref-dtype fp32 with --teacher "
-                         f"(got {ref_dtype})")
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope
@@ -332,7 +330,7 @@ def _rollout_spec(rollout: str):
     return parse_spec(rollout)
 
 
-def _loaded(model: str | LM, seed: int, dtype: str = "fp32", device: str | torch.device = "cpu") -> tuple[str, LM]:
+def _loaded(model: str | LM, seed: int, dtype: str | torch.dtype = "fp32", device: str | torch.device = "cpu") -> tuple[str, LM]:
     """The model's name and the model (a spec loaded in `dtype` on `device`; an LM as it is)."""
     return (model.name, model) if isinstance(model, LM) else (model, load_member(model, seed=seed, device=device,
                                                                                    dtype=parse_dtype(dtype)))

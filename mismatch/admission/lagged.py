@@ -20,6 +20,7 @@ import torch
 from mismatch.admission.limits import STATISTICS
 from mismatch.admission.transfer import WINDOW, window_steps
 from mismatch.errors import InputError
+from mismatch.model.device import model_device
 from mismatch.model.loader import LM
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.losses import get_loss
@@ -94,17 +95,25 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
     if not prompts:
         raise InputError("no calibration prompts to train on")
     first, last = window_steps(staleness, window)
-    config = OPDConfig(pair="check", rollout=f"reuse:{reuse}" if reuse > 1 else "none", staleness=staleness,
+    dtype = next(student.model.parameters()).dtype  # the trainer's precision: the checkpoint's, as loaded
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise InputError(f"measuring a lag trains the checkpoint in fp32 or bf16, not {dtype}")
+    config = OPDConfig(pair="check", ref_dtype="bf16" if dtype == torch.bfloat16 else "fp32",
+                       device=str(model_device(student.model)), rollout=f"reuse:{reuse}" if reuse > 1 else "none", staleness=staleness,
                        loss=settings.loss, lr=settings.lr, adam_beta1=settings.adam_beta1, tis_cap=settings.tis_cap,
                        warmup_steps=0, decay="constant", steps=last, batch_size=len(prompts), seed=seed,
                        max_new_tokens=max_new_tokens, train_prompts=len(prompts), eval_probe=0)
     pair = Pair(name="check", student=student, teacher=teacher, task=None, prompt_source=_Prompts(tuple(prompts)),
                 chat=chat, teacher_context=teacher_context, student_context=context, max_new_tokens=max_new_tokens)
-    from mismatch.opd.trainer import opd_step, setup  # the trainer (torch, the losses) only when a lag is measured
+    from mismatch.opd.precision import cast_parameters_  # the trainer (torch, the losses) only when a lag is measured
+    from mismatch.opd.trainer import opd_step, setup
 
     saved = {k: v.detach().clone() for k, v in student.model.state_dict().items()}
     grad = {n: p.requires_grad for n, p in student.model.named_parameters()}
     teacher_grad = {n: p.requires_grad for n, p in teacher.model.named_parameters()}
+    teacher_dtype = next(teacher.model.parameters()).dtype  # the run casts a teacher in another precision
+    teacher_saved = ({k: v.detach().clone() for k, v in teacher.model.state_dict().items()}
+                     if teacher_dtype != dtype else None)
     try:
         run = setup(config, pair)
         per_step = [opd_step(run, step) for step in range(1, last + 1)]
@@ -114,6 +123,10 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
         for n, p in student.model.named_parameters():
             p.requires_grad_(grad[n])
             p.grad = None
+        if teacher_saved is not None:
+            cast_parameters_(teacher.model, teacher_dtype)
+            with torch.no_grad():
+                teacher.model.load_state_dict(teacher_saved)
         for n, p in teacher.model.named_parameters():
             p.requires_grad_(teacher_grad[n])
     kept = per_step[first - 1: last]

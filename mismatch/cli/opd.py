@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, KlTol, Out, Overwrite, Threads, early, err, out
+from mismatch.cli.common import AccTol, Device, KlTol, Out, Overwrite, Threads, early, err, out
 
 
 def opd(
@@ -33,6 +33,9 @@ def opd(
     overwrite: Overwrite = False,
     save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
     threads: Threads = None,
+    device: Device = "auto",
+    ref_dtype: Annotated[str, typer.Option(help="The trainer's precision: fp32, or bf16 (a bf16 compute copy of "
+                                                "the student over fp32 master weights, the teacher in bf16).")] = "fp32",
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
     early(specs=tuple(rollout or ()))
@@ -42,7 +45,8 @@ def opd(
 
     base = opd_lib.make_config(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
                                batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
-                               eval_every=eval_every, eval_prompts=eval_prompts, seed=seed)
+                               eval_every=eval_every, eval_prompts=eval_prompts, seed=seed, device=device,
+                               ref_dtype=ref_dtype)
     configs = opd_lib.plan(base, rollout or (), baseline=baseline)
     with console.Bars(err) as bars:
         progress = lambda _i, lab, k, n, m: bars.update(f"opd {lab}", k, n, f"loss {m['loss']:.3g}")  # noqa: E731

@@ -205,6 +205,7 @@ def token_logprobs(head: Head, hidden_ND: torch.Tensor, token_N: torch.Tensor, c
     """`log π(y)` `[N]` fp32 of tokens `token_N` from head input rows `hidden_ND` `[N, D]`, under the
     sampling distribution (`warp` with `temperature`, `top_p`); the head runs chunk by chunk."""
     out_N = torch.empty(token_N.shape[0], dtype=torch.float32, device=hidden_ND.device)
+    token_N = token_N.to(hidden_ND.device)  # a Batch's tokens live on the CPU
     with torch.no_grad():
         for rows, logp_CV in logprob_chunks(head, hidden_ND, chunk_tokens, temperature=temperature, top_p=top_p):
             out_N[rows] = logp_CV.gather(-1, token_N[rows].unsqueeze(-1)).squeeze(-1)

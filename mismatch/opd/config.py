@@ -17,10 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from mismatch.model.device import resolve_device
 from mismatch.opd.losses import get_loss
 from mismatch.rollout_spec import RolloutSpec
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
+TRAINER_DTYPES = ("fp32", "bf16")  # `ref_dtype`: fp16 would need loss scaling, which no run here models
+# fields a run's columns (and so its id) carry only away from their default: runs made before they existed
+# keep their ids, and a run on a GPU or in bf16 (other numbers) gets ids of its own
+OMITTED_AT_DEFAULT = {"device": "cpu", "ref_dtype": "fp32"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,9 +58,15 @@ class OPDConfig:
     clip: float = 2.0  # is_ratio_outside_frac counts r outside [1/clip, clip]
     chunk_tokens: int = 1024
     seed: int = 0
+    device: str = "cpu"  # where the run computes: auto (CUDA when present), cpu, cuda, cuda:N
+    ref_dtype: str = "fp32"  # the trainer's precision: bf16 = a bf16 compute copy over fp32 masters (`precision`)
 
     def __post_init__(self) -> None:
         get_loss(self.loss)  # an unknown loss: one line naming the registered ones
+        if self.ref_dtype not in TRAINER_DTYPES:
+            raise ValueError(f"ref_dtype must be one of {', '.join(TRAINER_DTYPES)} (the trainer's precision), "
+                             f"got {self.ref_dtype!r}")
+        object.__setattr__(self, "device", str(resolve_device(self.device)))  # auto resolved; absent CUDA fails here
         if self.staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
         if self.eval_probe < 0:

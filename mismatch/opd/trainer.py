@@ -39,7 +39,10 @@ from mismatch.hashing import content_hash
 from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.model.loader import LM, quiet_loading
+from mismatch.model.device import resolve_device
+from mismatch.model.loader import parse_dtype
 from mismatch.opd.config import OPDConfig, lr_factor
+from mismatch.opd.precision import MasterWeights, cast_parameters_
 from mismatch.opd.losses import full_rkl, get_loss, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.verdict import diverged
@@ -91,9 +94,9 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
         The loss value (mean over the N response tokens, nats) and the student's log-probs of the
         sampled tokens under the rollout's sampling `warp` (for the mismatch metrics and TIS).
     """
-    token_N = student_batch.input_ids[student_batch.response_mask.bool()]
-    n = token_N.shape[0]
     student_hidden_ND = _hidden(student, student_batch, share_prefix=True)  # [N, D], carries the trunk's graph
+    token_N = student_batch.input_ids[student_batch.response_mask.bool()].to(student_hidden_ND.device)
+    n = token_N.shape[0]
     leaf = student_hidden_ND.detach().requires_grad_()
     student_head = Head.of(student)
     t0 = time.perf_counter()
@@ -103,6 +106,7 @@ def loss_backward(student, teacher, student_batch: Batch, teacher_hidden_ND: tor
     logp_seconds = time.perf_counter() - t0
     if logp_rollout_N is None:  # filled chunk by chunk below before any use, as `student_logp_N` is
         logp_rollout_N = student_logp_N
+    logp_rollout_N = logp_rollout_N.to(leaf.device)  # a sampler's log-probs live on the CPU
     weighted = get_loss(loss).weighted
     teacher_parts = logprob_chunks(Head.of(teacher), teacher_hidden_ND, chunk_tokens, rows_per_pass=CACHE_ROWS)
     total = 0.0
@@ -178,6 +182,7 @@ class OPDRun:
     config: OPDConfig
     pair: Pair
     rollout_copy: RolloutCopy
+    weights: MasterWeights  # what the optimizer steps: the student's parameters, or fp32 masters of a bf16 copy
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     rng: random.Random
@@ -192,9 +197,16 @@ class OPDRun:
 
 
 def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
-    """Load (or take) the pair, draw the prompt pools, build the rollout copy and the optimizer."""
+    """Load (or take) the pair onto the run's device in the trainer's precision (`mismatch.opd.precision`: a
+    given pair's models are moved and cast in place), draw the prompt pools, build the rollout copy and the
+    optimizer."""
     pair = pair if pair is not None else load_pair(config.pair)
+    device, dtype = resolve_device(config.device), parse_dtype(config.ref_dtype)
+    pair.student.model.to(device)
+    pair.teacher.model.to(device)
     pair.teacher.model.requires_grad_(False)
+    cast_parameters_(pair.teacher.model, dtype)
+    weights = MasterWeights(pair.student.model, dtype)  # reads the masters, then casts the student
     pair.student.model.eval()
     pair.teacher.model.eval()
     source = pair.prompt_source
@@ -212,10 +224,10 @@ def setup(config: OPDConfig, pair: Pair | None = None) -> OPDRun:
     copy = RolloutCopy(pair.student.model, spec, rollout.staleness, layers=config.layers, seed=config.seed,
                        calibration_ids=calib, tokenizer=pair.student.tokenizer,
                        share=rollout.copy_spec is None and rollout.staleness == 0)  # reuse too: no copy needed
-    opt = torch.optim.AdamW(pair.student.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+    opt = torch.optim.AdamW(weights.masters, lr=config.lr, weight_decay=config.weight_decay,
                             betas=(config.adam_beta1, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s + 1))
-    return OPDRun(config, pair, copy, opt, sched, random.Random(config.seed), train_pool, eval_set,
+    return OPDRun(config, pair, copy, weights, opt, sched, random.Random(config.seed), train_pool, eval_set,
                   config.max_new_tokens or pair.max_new_tokens)
 
 
@@ -256,14 +268,16 @@ def update(run: OPDRun, rollout: Samples, teacher_hidden_ND: torch.Tensor) -> tu
     """Step 3: loss, backward, gradient clipping, one AdamW step. Returns the step's result, the
     gradient norm before clipping and the learning rate the update used."""
     cfg, model = run.config, run.student.model
-    run.optimizer.zero_grad(set_to_none=True)
+    run.weights.zero_grad()
     mask = rollout.batch.response_mask.bool()
     result = loss_backward(model, run.pair.teacher.model, rollout.batch, teacher_hidden_ND,
                            None if rollout.logprobs is None else rollout.logprobs[mask], loss=cfg.loss, tis_cap=cfg.tis_cap,
                            chunk_tokens=cfg.chunk_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+    run.weights.grads_to_masters()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.weights.masters, cfg.grad_clip))
     lr = run.optimizer.param_groups[0]["lr"]
     run.optimizer.step()
+    run.weights.write_back()
     run.scheduler.step()
     return result, grad_norm, lr
 
@@ -404,13 +418,14 @@ def opd_step(run: OPDRun, step: int) -> dict[str, float]:
     result, grad_norm, lr = update(run, rollout, teacher_hidden_ND)
     t3 = time.perf_counter()
     mask = rollout.batch.response_mask.bool()
+    logp_student_N = result.logp_student.cpu()  # beside the rollout's, which live on the CPU
     if rollout.logprobs is None:  # the student sampled: its log-probs before this update are the rollout's
         logprobs_BT = torch.zeros(rollout.batch.input_ids.shape, dtype=torch.float32)
-        logprobs_BT[mask] = result.logp_student.cpu()
+        logprobs_BT[mask] = logp_student_N
         rollout = run.batch.rollout = Samples(rollout.batch, logprobs_BT)
-    mismatch = sampled_token_metrics(result.logp_student, rollout.logprobs[mask], run.config.clip)
+    mismatch = sampled_token_metrics(logp_student_N, rollout.logprobs[mask], run.config.clip)
     seq = torch.unique(mask.nonzero()[:, 0], return_inverse=True)[1]  # each response token's sequence
-    frameworks = rollout_stats(result.logp_student, rollout.logprobs[mask], seq)  # verl / slime / NeMo RL names
+    frameworks = rollout_stats(logp_student_N, rollout.logprobs[mask], seq)  # verl / slime / NeMo RL names
     t4 = time.perf_counter()
     served = refresh(run)
     t5 = time.perf_counter()

@@ -270,3 +270,14 @@ def test_a_lora_student_trains_at_the_generations_positions(pair, tmp_path):
     torch.testing.assert_close(trained, at_positions, rtol=0, atol=1e-4)
     assert float((trained - unpositioned).abs().max()) > 0.1  # TRL 1.16's positions: shifted by the padding
     assert float((trained - base).abs().max()) > 1e-3  # the adapter is in the training forward
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_in_bf16_the_copy_follows_the_student_and_the_statistics_are_measured(pair, tmp_path):
+    """Where TRL trains on a GPU (`use_cpu=False`) in its bf16 autocast, the rollout copy is built beside the
+    student and the logged statistics are those of its own rollout tokens (the log-probs come back to the CPU)."""
+    trainer = _trainer(pair, tmp_path, steps=2, bf16=True, rollout="fp8-e4m3:channel", config={"use_cpu": False})
+    trainer.train()
+    assert next(trainer.rollout_copy.model.parameters()).device.type == "cuda"
+    rows = _logged(trainer)
+    assert rows and all(r["mismatch_kl"] == r["mismatch_kl"] for r in rows)  # finite, measured each step
