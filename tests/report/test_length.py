@@ -58,3 +58,24 @@ def test_the_length_report_brackets_each_rung(tmp_path):
     assert table["b_high"].iloc[0] == pytest.approx(0.0, abs=1e-9)
     assert "per sequence (b = −1)" in written[1].read_text()
     assert write_length_report(levels[levels["pair"] == "sort-gpt2"], tmp_path / "one", ladder) == []  # one length
+
+
+def test_one_pair_at_two_response_caps_is_a_ladder(tmp_path):
+    """A rung is a (pair, max_new_tokens): one pair run at two caps, other settings equal, is a ladder whose
+    rungs are told apart by the cap; a run at the pair's own cap (`off`) is a rung of its own."""
+    frames = []
+    for cap, (tokens, ladder) in {8: RUNGS["sort-gpt2"], None: RUNGS["reverse-qwen3"]}.items():
+        base = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap)
+        for seed in range(3):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
+            for sigma, (mismatch, ratio) in ladder.items():
+                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
+                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
+    levels = analyse(pd.concat(frames, ignore_index=True)).levels
+    assert set(levels["settings"]) == {"max_new_tokens 8", "max_new_tokens off"}
+    written = write_length_report(levels, tmp_path)
+    table = pd.read_csv(written[0], dtype={"max_new_tokens": str}).set_index("max_new_tokens")
+    assert table.loc["8", ["low", "high"]].tolist() == pytest.approx([0.2, 0.5])
+    assert table.loc["off", ["low", "high"]].tolist() == pytest.approx([0.02, 0.2])
+    assert set(table["settings"]) == {"default"} and set(table["pair"]) == {"sort-gpt2"}
+    assert table["b_low"].iloc[0] == pytest.approx(math.log(0.02 / 0.5) / math.log(130 / 8))
