@@ -31,7 +31,7 @@ def sweep(
     """Run a study: every probe group and OPD run of STUDY into one results dataset, resumably."""
     from mismatch.cli import tables as console
     from mismatch import sweep as sweep_lib
-    from mismatch.sweep.estimate import estimates
+    from mismatch.sweep.estimate import estimates, measured_seconds
 
     plan = sweep_lib.load_study(study)
     if threads is not None:  # the study's own count, overridden: each task's rows depend on it in the last bits
@@ -43,6 +43,9 @@ def sweep(
         if decide:  # the rounds the results on disk call for, the next one included
             plan, found = sweep_lib.with_rounds(plan, out_dir, max_seeds=max_seeds)
         if resume:
+            tasks = [*plan.plan.probes, *plan.plan.opd]
+            done, seconds = measured_seconds(tasks, out_dir)
+            out.print(console.measured_line(done, len(tasks), seconds, workers))
             plan = sweep_lib.still_to_run(plan, out_dir, retry_failed=retry_failed)
         out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))
         return out.print(console.rounds_table(found)) if found else None

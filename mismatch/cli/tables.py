@@ -158,6 +158,12 @@ def plan_table(study: Study, seconds: list[float] | None = None, workers: int | 
     return table
 
 
+def measured_line(done: int, planned: int, seconds: float, workers: int | None = None) -> str:
+    """What the ledger says the study's finished tasks took (`mismatch sweep --resume --dry-run`)."""
+    per = f" (≈ {seconds / 3600 / workers:.1f} h on {workers} workers)" if workers else ""
+    return f"done: {done} of {planned} planned tasks, measured {seconds / 3600:.2f} task-hours{per}"
+
+
 def rounds_table(rounds) -> Table:
     """Adaptive rounds (`mismatch.sweep.decide.Round`): per round, each level that got seeds and how many."""
     table = Table("round", "pair", "source", "settings", "level", "seeds", title="adaptive seeds")

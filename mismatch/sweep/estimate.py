@@ -25,7 +25,7 @@ from mismatch.opd.runs import run_columns
 from mismatch.probes.runs import ProbeConfig
 from mismatch.results import read_results, run_id
 from mismatch.model.generate import read_prompts
-from mismatch.sweep.tasks import Task, read_ledger
+from mismatch.sweep.tasks import Task, read_ledger, task_id
 
 COSTS_FILE = "sweep_costs.json"
 
@@ -109,6 +109,14 @@ def estimates(tasks: list[Task], *, out: str | Path | None = None) -> list[float
         for kind in ("opd", "probe"):
             costs.setdefault(kind, {}).update(measured.get(kind, {}))
     return [estimate_seconds(task, costs) for task in tasks]
+
+
+def measured_seconds(tasks: list[Task], out: str | Path) -> tuple[int, float]:
+    """How many of `tasks` the ledger in `out` records as done, and the sum of their measured wall times
+    (seconds, each task's own at its thread count): what those tasks took, whatever they ran beside."""
+    ledger = read_ledger(out) if Path(out).is_dir() else {}
+    done = [ledger[t] for t in map(task_id, tasks) if ledger.get(t, {}).get("status") == "done"]
+    return len(done), float(sum(record["seconds"] for record in done))
 
 
 def longest_first(tasks: list[Task], *, out: str | Path | None = None) -> list[int]:

@@ -23,7 +23,7 @@ from mismatch.opd import OPDConfig
 import mismatch
 from mismatch.pairs.registry import member_spec
 from mismatch.rollout_cost import rollout_cost
-from mismatch.sweep.estimate import estimates, longest_first
+from mismatch.sweep.estimate import estimates, longest_first, measured_seconds
 
 STUDY = """
 name = "tiny"
@@ -109,10 +109,13 @@ def test_a_sweep_runs_every_task_once_and_resume_skips_them(tmp_path):
     assert sorted(p.name for p in out.glob("*.parquet")) == parts  # nothing rewritten
     # what `--resume --dry-run` lists: nothing now; a task whose record is gone (or failed) again
     assert still_to_run(study, out).plan.opd == () and still_to_run(study, out).plan.probes == ()
+    assert measured_seconds(tasks, out) == (len(tasks), pytest.approx(sum(seconds.values()), rel=1e-12))
     last = study.plan.opd[-1]
     record = read_ledger(out)[task_id(last)]
     write_record(out, task_id(last), {**record, "status": "failed"})
     assert still_to_run(study, out).plan.opd == () and still_to_run(study, out, retry_failed=True).plan.opd == (last,)
+    # a failed task took time but is not done: it counts in neither
+    assert measured_seconds(tasks, out) == (len(tasks) - 1, pytest.approx(sum(seconds.values()) - record["seconds"]))
     (out / LEDGER / f"{task_id(last)}.json").unlink()
     assert still_to_run(study, out).plan.opd == (last,)
     assert run_study(study, out, resume=True).ran == (task_id(last),)
