@@ -175,10 +175,13 @@ class Pipeline:
     staleness: int = 0
     reuse: int = 1
     trainer: TrainerSettings = TrainerSettings()
+    response_tokens: float | None = None  # the pipeline's mean response length (tokens); None: the calibration's
 
     def __post_init__(self) -> None:
         if self.staleness < 0 or self.reuse < 1:
             raise InputError(f"need staleness ≥ 0 and reuse ≥ 1, got {self.staleness}, {self.reuse}")
+        if self.response_tokens is not None and not self.response_tokens >= 1:
+            raise InputError(f"response_tokens must be ≥ 1, got {self.response_tokens}")
 
     @property
     def lags(self) -> bool:
@@ -262,11 +265,12 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]",
             "ref_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}
     drift = _drift_margin(table, decisions[0], RolloutSpec.parse(str(spec)).source) if fitted else (None, "")
-    decisions += [d for d, _ in (drift, *lagged) if d is not None]  # each decides like a gate, and says so
+    length = _length_margin(table, decisions[0], _pipeline_tokens(pipeline, batch)) if fitted else (None, "")
+    decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
-                          notes=[*small_calibration_notes(used["sequences"]), *_length_notes(table, batch),
-                                 *(n for _, n in (drift, *lagged) if n)],
+                          notes=[*small_calibration_notes(used["sequences"]),
+                                 *(n for _, n in (drift, length, *lagged) if n)],
                           calibration=used)
     searched = recipe if recipe is not None else decisions[0].status == "reject"  # asked for, or the fitted gate failed
     if recipe is False and decisions[0].status == "reject":
@@ -302,20 +306,72 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
     return decision, note
 
 
-def _length_notes(table: Thresholds, batch) -> list[str]:
-    """The response length the decision used, beside the lengths the limits were fitted at; said as a
-    warning when the calibration's responses are more than twice as long (or half as short): the limits are
-    per token, and how they scale with length is not measured yet."""
-    if len(table.response_tokens) != 2 or not batch.response_mask.any():
-        return []
+ASSUMED_EXPONENT = -1.0  # without a measured length law: the tolerated mismatch per sequence (T × per token) is constant
+
+
+def _pipeline_tokens(pipeline: Pipeline, batch) -> tuple[float, str]:
+    """The response length the decision assumes (tokens) and where it comes from: the pipeline's, else the
+    calibration responses' mean (NaN without a response)."""
+    if pipeline.response_tokens is not None:
+        return float(pipeline.response_tokens), "the pipeline's (response_tokens)"
+    sequences = int(batch.response_mask.any(1).sum())
+    return (batch.response_tokens / sequences if sequences else math.nan), "the calibration responses' mean"
+
+
+def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tuple[float, float]:
+    """How much the fitted per-token limit is scaled at a response length of `tokens`, and the exponent used.
+
+    The limits hold, per token, within 2× of the lengths they were fitted at (`fitted`: the decided levels'
+    shortest and longest mean response). Beyond, the limit follows `limit · (T / T_edge)^b` from the nearer edge
+    of that window, with the exponent the length law allows that gives the lower limit (`law`'s `b_low` for
+    longer responses, `b_high` for shorter: `Thresholds.length_law`, the study's ladder), or, without a measured
+    law, `ASSUMED_EXPONENT` (per sequence) for longer responses and no change for shorter ones. An exponent the
+    law leaves open (±∞) gives 0: no limit can be carried there.
+    """
+    low, high = fitted
+    if math.isnan(tokens) or low / 2 <= tokens <= 2 * high:
+        return 1.0, 0.0
+    longer = tokens > 2 * high
+    edge = 2 * high if longer else low / 2
+    if law:
+        b = law["b_low"] if longer else law["b_high"]
+        if b is None or not math.isfinite(b):  # left open by the brackets (JSON null)
+            return 0.0, -math.inf if longer else math.inf
+    else:
+        b = ASSUMED_EXPONENT if longer else 0.0
+    return (tokens / edge) ** float(b), float(b)
+
+
+def _exponent(b: float | None, side: int) -> str:
+    """An exponent as the notes write it; an open end (None, ±∞, NaN) as ∓∞ on its `side`."""
+    return f"{b:+.2f}" if b is not None and math.isfinite(b) else ("+∞" if side > 0 else "−∞")
+
+
+def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str]) -> tuple[Decision | None, str]:
+    """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
+    window the limits were fitted in, the gate again with the scaled limit — admit below it, else uncertain (never
+    a reject of its own: rejecting is the fitted gate's). The note always says which length was assumed."""
+    tokens, origin = assumed
+    if len(table.response_tokens) != 2 or math.isnan(tokens):
+        return None, ""
     low, high = table.response_tokens
-    mean = batch.response_tokens / max(int(batch.response_mask.any(1).sum()), 1)
-    if low / 2 <= mean <= 2 * high:
-        return [f"response length: the calibration's responses average {mean:.0f} tokens, within 2x of the "
-                f"{low:.0f}–{high:.0f} tokens the limits were fitted at (per token)"]
-    return [f"the calibration's responses average {mean:.0f} tokens; the limits were fitted on levels whose responses "
-            f"averaged {low:.0f}–{high:.0f} tokens and are applied per token as they are (how a tolerated mismatch "
-            "scales with response length is not measured yet)"]
+    factor, b = length_factor(tokens, (low, high), table.length_law)
+    where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
+    if low / 2 <= tokens <= 2 * high:
+        return None, f"{where} (within 2x: per token as fitted)"
+    law = (f"the study's length law (exponent b in [{_exponent(table.length_law['b_low'], -1)}, "
+           f"{_exponent(table.length_law['b_high'], 1)}], b = {_exponent(b, 1)} taken)" if table.length_law else
+           f"no length law measured yet: assumed per sequence (b = {b:+.0f})" if b else
+           "no length law measured yet: shorter responses keep the limit")
+    if fitted.status != "admit" or factor >= 1.0:  # a lower limit cannot change a reject or an uncertain,
+        return None, f"{where}; {law}"                # nor a higher one an admit
+    limit = fitted.limit * factor
+    status = "admit" if decide(fitted.value, fitted.low, fitted.high, limit) == "admit" else "uncertain"
+    decision = Decision(metric=f"length/{fitted.metric}", value=fitted.value, low=fitted.low, high=fitted.high,
+                        limit=limit, source=f"the fitted limit × {factor:.3g} at {tokens:.0f} tokens ({law})",
+                        status=status)
+    return decision, (f"{where}; {law}: the limit at that length is {limit:.4g} (× {factor:.3g}): "
+                      + ("below it, admitted" if status == "admit" else "not clearly below it, uncertain"))
 
 
 def _sampled(batch) -> dict[str, int]:
@@ -363,10 +419,14 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
     lagged = _lagged(table, pipeline)
-    drift = _drift_margin(table, decisions[0], "engine") if not isinstance(thresholds, dict) else (None, "")
-    decisions = [*decisions, *(d for d, _ in (drift, *lagged) if d is not None)]
+    fitted = not isinstance(thresholds, dict)
+    drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
+    dumped = (float(pipeline.response_tokens), "the pipeline's (response_tokens)") if pipeline.response_tokens else (
+        len(tok) / max(int(scored.summary["sequences"]), 1), "the dump's mean")
+    length = _length_margin(table, decisions[0], dumped) if fitted else (None, "")
+    decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
-             *(n for _, n in (drift, *lagged) if n)]
+             *(n for _, n in (drift, length, *lagged) if n)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
     calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),

@@ -36,6 +36,7 @@ from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS
 from mismatch.admission.transfer import WINDOW, drift_table, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
+from mismatch.opd.length import family, length_tables
 from mismatch.opd.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
@@ -71,6 +72,10 @@ class Thresholds:
     # in-training peak over the first step's value, `levels`, `median`, `largest`) and the `margin` the
     # check lowers the fitted limit by (median / largest): the limit absorbed the median drift, not the worst
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
+    # how the tolerated per-token limit scales with response length (`mismatch.report.length`: the study's
+    # length ladder): `b_low`, `b_high` (the exponents of limit ∝ T^b every bracket allows; ±∞ open), `b_mid`,
+    # `lengths`, `ladder` (family · loss · settings); empty while no ladder is decided
+    length_law: dict = field(default_factory=dict)
 
     @property
     def fitted_on(self) -> str:
@@ -241,6 +246,10 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
               if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
+    laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.consistent]
+    length = {} if not laws else {
+        "b_low": _finite(laws[0][1].b_low), "b_high": _finite(laws[0][1].b_high), "b_mid": _finite(laws[0][1].b_mid),
+        "lengths": list(laws[0][1].lengths), "ladder": " · ".join(map(str, laws[0][0]))}
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
@@ -252,7 +261,13 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance,
                       window_limits=window, window_brackets=window_brackets, drift=drift,
-                      response_tokens=[float(every["response_tokens"].min()), float(every["response_tokens"].max())])
+                      response_tokens=[float(every["response_tokens"].min()), float(every["response_tokens"].max())],
+                      length_law=length)
+
+
+def _finite(x: float) -> float | None:
+    """A law's exponent for JSON: None where the brackets leave it open (±∞) or undetermined (NaN)."""
+    return float(x) if math.isfinite(x) else None
 
 
 def _digest(ids: list[str]) -> str:

@@ -35,6 +35,9 @@ def check(
     thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`).")] = None,
     n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
+    response_tokens: Annotated[float | None, typer.Option(help="The pipeline's mean response length in tokens, where "
+                                                              "the limits are applied (default: the calibration's "
+                                                              "or the dump's).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
     ref_dtype: Annotated[str, typer.Option(help="The trainer's precision, MODEL's dtype in the check: fp32, bf16 "
                                                 "or fp16.")] = "fp32",
@@ -61,7 +64,8 @@ def check(
         calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
-                                        pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer),
+                                        pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer,
+                                                                         response_tokens=response_tokens),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
                                         rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, device=device,
                                         offload=offload, progress=say)

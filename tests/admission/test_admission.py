@@ -252,18 +252,43 @@ def test_a_lag_is_measured_in_the_trainers_precision():
     assert abs(value - logged["fp32"]) > 1e-6 * abs(value)
 
 
-def test_responses_far_longer_than_the_limits_were_fitted_at_are_noted():
+def test_the_limit_follows_the_pipelines_response_length():
+    """Within 2x of the lengths the limits were fitted at, the fitted limit as it is (the length said); beyond,
+    the gate again at `limit · (T / 2·high)^b`: b the length law's lower exponent, −1 (per sequence) without a
+    law, a limit of 0 (uncertain) where the law leaves b open; the pipeline's length overrides the
+    calibration's; never a reject of its own."""
     lm = mismatch.load("tiny-llama")
-    table = _thresholds(1.0)
     cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=12)
-    table.response_tokens = [2.0, 3.0]  # fitted at ~2–3 tokens: 12-token responses are > 2× longer
-    far = check(lm, "noise:0", calibration=cal, thresholds=table)
-    mean = far.calibration["tokens"] / far.calibration["sequences"]
-    assert mean > 6 and any(f"average {mean:.0f} tokens" in n and "2–3 tokens" in n for n in far.notes)
+    table = _thresholds(2.0)
+    table.response_tokens = [2.0, 3.0]  # fitted at ~2–3 tokens: the window ends at 6
+    first = check(lm, "noise:0.1", calibration=cal, thresholds=table)
+    mean = first.calibration["tokens"] / first.calibration["sequences"]
+    value, high = first.decisions[0].value, first.decisions[0].high
+    assert mean > 6 and 0 < value < high < 2.0 * 6 / mean and first.decisions[0].status == "admit"
+
+    def length_decision(admission):
+        return [d for d in admission.decisions if d.metric == "length/mismatch_kl"]
+
+    (d,) = length_decision(first)  # no law: per sequence
+    assert d.limit == pytest.approx(2.0 * 6 / mean) and d.status == "admit" and first.status == "admit"
+    assert any("assumed per sequence" in n and "the calibration responses' mean" in n for n in first.notes)
+    table.length_law = {"b_low": -0.5, "b_high": 0.25, "b_mid": -0.2, "lengths": [3.0, 48.0], "ladder": "x"}
+    (d,) = length_decision(check(lm, "noise:0.1", calibration=cal, thresholds=table))
+    assert d.limit == pytest.approx(2.0 * (mean / 6) ** -0.5)
+    table.length_law = {**table.length_law, "b_low": None}  # open below: nothing carries to longer responses
+    opened = check(lm, "noise:0.1", calibration=cal, thresholds=table)
+    assert length_decision(opened)[0].limit == 0.0 and opened.status == "uncertain"
+    table.length_law = {}
+    long = check(lm, "noise:0.1", calibration=cal, thresholds=table, pipeline=Pipeline(response_tokens=6 * 2.0 / value * 4))
+    (d,) = length_decision(long)
+    assert d.limit == pytest.approx(value / 4) and d.status == "uncertain" and long.status == "uncertain"
+    assert any("the pipeline's (response_tokens)" in n for n in long.notes)
     table.response_tokens = [mean / 2, mean]
-    near = check(lm, "noise:0", calibration=cal, thresholds=table).notes
-    assert not any("not measured yet" in n for n in near)  # no warning within 2x, but the length is stated
-    assert any(n.startswith("response length:") and f"average {mean:.0f} tokens" in n for n in near)
+    near = check(lm, "noise:0.1", calibration=cal, thresholds=table)
+    assert not length_decision(near) and any("within 2x" in n for n in near.notes)
+    table.response_tokens = [100.0, 200.0]  # far shorter responses keep the limit without a law
+    short = check(lm, "noise:0.1", calibration=cal, thresholds=table)
+    assert not length_decision(short) and any("shorter responses keep the limit" in n for n in short.notes)
 
 
 def test_bad_input_is_a_clear_error():
