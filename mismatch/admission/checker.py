@@ -244,6 +244,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
+    if teacher is not None and pipeline.lags and parse_dtype(ref_dtype) not in (torch.float32, torch.bfloat16):
+        raise InputError(f"measuring a lag trains the checkpoint as a trainer does, in fp32 or bf16: not {ref_dtype}")
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope
@@ -265,7 +267,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]",
             "ref_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}
     drift = _drift_margin(table, decisions[0], RolloutSpec.parse(str(spec)).source) if fitted else (None, "")
-    length = _length_margin(table, decisions[0], _pipeline_tokens(pipeline, batch)) if fitted else (None, "")
+    assumed = _pipeline_tokens(pipeline, used["tokens"], used["sequences"], "calibration responses'")
+    length = _length_margin(table, decisions[0], assumed) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=str(spec), layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
@@ -309,13 +312,12 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
 ASSUMED_EXPONENT = -1.0  # without a measured length law: the tolerated mismatch per sequence (T × per token) is constant
 
 
-def _pipeline_tokens(pipeline: Pipeline, batch) -> tuple[float, str]:
-    """The response length the decision assumes (tokens) and where it comes from: the pipeline's, else the
-    calibration responses' mean (NaN without a response)."""
+def _pipeline_tokens(pipeline: Pipeline, tokens: int, sequences: int, sampled: str) -> tuple[float, str]:
+    """The response length the decision assumes (tokens) and where it comes from: the pipeline's, else the mean
+    of what was `sampled` (`tokens` over `sequences`; NaN without a response)."""
     if pipeline.response_tokens is not None:
         return float(pipeline.response_tokens), "the pipeline's (response_tokens)"
-    sequences = int(batch.response_mask.any(1).sum())
-    return (batch.response_tokens / sequences if sequences else math.nan), "the calibration responses' mean"
+    return (tokens / sequences if sequences and tokens else math.nan), f"the {sampled} mean"
 
 
 def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tuple[float, float]:
@@ -360,7 +362,8 @@ def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, st
     if low / 2 <= tokens <= 2 * high:
         return None, f"{where} (within 2x: per token as fitted)"
     law = (f"the study's length law (exponent b in [{_exponent(table.length_law['b_low'], -1)}, "
-           f"{_exponent(table.length_law['b_high'], 1)}], b = {_exponent(b, 1)} taken)" if table.length_law else
+           f"{_exponent(table.length_law['b_high'], 1)}], b = {_exponent(b, 1 if b > 0 else -1)} taken)"
+           if table.length_law else
            f"no length law measured yet: assumed per sequence (b = {b:+.0f})" if b else
            "no length law measured yet: shorter responses keep the limit")
     if fitted.status != "admit" or factor >= 1.0:  # a lower limit cannot change a reject or an uncertain,
@@ -421,8 +424,7 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
     lagged = _lagged(table, pipeline)
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    dumped = (float(pipeline.response_tokens), "the pipeline's (response_tokens)") if pipeline.response_tokens else (
-        len(tok) / max(int(scored.summary["sequences"]), 1), "the dump's mean")
+    dumped = _pipeline_tokens(pipeline, len(tok), int(scored.summary["sequences"]), "dump's")
     length = _length_margin(table, decisions[0], dumped) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),

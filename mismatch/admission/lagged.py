@@ -105,28 +105,33 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
                        max_new_tokens=max_new_tokens, train_prompts=len(prompts), eval_probe=0)
     pair = Pair(name="check", student=student, teacher=teacher, task=None, prompt_source=_Prompts(tuple(prompts)),
                 chat=chat, teacher_context=teacher_context, student_context=context, max_new_tokens=max_new_tokens)
-    from mismatch.opd.precision import cast_parameters_  # the trainer (torch, the losses) only when a lag is measured
-    from mismatch.opd.trainer import opd_step, setup
+    from mismatch.opd.trainer import opd_step, setup  # the trainer (torch, the losses) only when a lag is measured
 
+    # What the run changes, given back exactly: the run trains the student's tensors in place (values saved), and
+    # it replaces the tensors of any parameter or buffer it casts to the trainer's precision or moves to the
+    # student's device (a teacher in fp32 beside a bf16 checkpoint, a model keeping some modules in fp32): the
+    # original tensors, with their dtype and device, are put back
     saved = {k: v.detach().clone() for k, v in student.model.state_dict().items()}
+    tensors = {role: ({n: p.data for n, p in lm.model.named_parameters()}, dict(lm.model.named_buffers()))
+               for role, lm in (("student", student), ("teacher", teacher))}
     grad = {n: p.requires_grad for n, p in student.model.named_parameters()}
     teacher_grad = {n: p.requires_grad for n, p in teacher.model.named_parameters()}
-    teacher_dtype = next(teacher.model.parameters()).dtype  # the run casts a teacher in another precision
-    teacher_saved = ({k: v.detach().clone() for k, v in teacher.model.state_dict().items()}
-                     if teacher_dtype != dtype else None)
     try:
         run = setup(config, pair)
         per_step = [opd_step(run, step) for step in range(1, last + 1)]
     finally:
+        for role, lm in (("student", student), ("teacher", teacher)):
+            params, buffers = tensors[role]
+            for n, p in lm.model.named_parameters():
+                p.data = params[n]
+            for n, b in buffers.items():
+                owner, _, leaf = n.rpartition(".")
+                lm.model.get_submodule(owner)._buffers[leaf] = b
         with torch.no_grad():
-            student.model.load_state_dict(saved)
+            student.model.load_state_dict(saved)  # the values, into the original tensors
         for n, p in student.model.named_parameters():
             p.requires_grad_(grad[n])
             p.grad = None
-        if teacher_saved is not None:
-            cast_parameters_(teacher.model, teacher_dtype)
-            with torch.no_grad():
-                teacher.model.load_state_dict(teacher_saved)
         for n, p in teacher.model.named_parameters():
             p.requires_grad_(teacher_grad[n])
     kept = per_step[first - 1: last]

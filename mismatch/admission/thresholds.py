@@ -36,7 +36,7 @@ from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS
 from mismatch.admission.transfer import WINDOW, drift_table, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.opd.length import family, length_tables
+from mismatch.opd.length import family, is_rung, length_tables
 from mismatch.opd.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
@@ -72,9 +72,9 @@ class Thresholds:
     # in-training peak over the first step's value, `levels`, `median`, `largest`) and the `margin` the
     # check lowers the fitted limit by (median / largest): the limit absorbed the median drift, not the worst
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
-    # how the tolerated per-token limit scales with response length (`mismatch.report.length`: the study's
-    # length ladder): `b_low`, `b_high` (the exponents of limit ∝ T^b every bracket allows; ±∞ open), `b_mid`,
-    # `lengths`, `ladder` (family · loss · settings); empty while no ladder is decided
+    # how the tolerated per-token limit scales with response length (`mismatch.opd.length`: the study's length
+    # ladders): `b_low`, `b_high` (the exponents of limit ∝ T^b every ladder's brackets allow, the most cautious
+    # ends over ladders; None: open), `lengths`, `ladders` (family · loss · settings); empty while none is decided
     length_law: dict = field(default_factory=dict)
 
     @property
@@ -222,6 +222,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     analysis = analysis if analysis is not None else analyse(rows, tolerance)
     runs, levels, tolerance = analysis.runs, analysis.levels, analysis.tolerance
     points = labelled_points(rows, runs, levels, tolerance=tolerance)
+    points = points[~is_rung(points["settings"])]  # a length ladder's rungs give the length law, not the limits
     decided = points[points["decided"]]
     labels = decided["tolerated"].astype(bool)
     undecided = f" ({len(points) - len(decided)} undecided levels not fitted)" if len(decided) < len(points) else ""
@@ -238,6 +239,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     brackets = {s: bracket(decided[s].to_numpy(), decided["tolerated"].to_numpy(), limits[s]) for s in stats}
     validation = [v for s in stats for v in validate(decided, s)]
     every = level_points(rows, runs, levels)  # all sources, with the window statistics
+    every = every[~is_rung(every["settings"])]
     drift = {r["source"]: {"levels": int(r["peak_over_first_n"]), "median": r["peak_over_first_median"],
                            "largest": r["peak_over_first_max"], "margin": r["margin"]}
              for r in drift_table(every).to_dict("records") if r["source"] in STATIC_SOURCES}
@@ -247,9 +249,10 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
     laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.consistent]
-    length = {} if not laws else {
-        "b_low": _finite(laws[0][1].b_low), "b_high": _finite(laws[0][1].b_high), "b_mid": _finite(laws[0][1].b_mid),
-        "lengths": list(laws[0][1].lengths), "ladder": " · ".join(map(str, laws[0][0]))}
+    length = {} if not laws else {  # every ladder's envelope: the lowest b for longer responses, the highest for shorter
+        "b_low": _finite(min(law.b_low for _, law in laws)), "b_high": _finite(max(law.b_high for _, law in laws)),
+        "lengths": sorted({t for _, law in laws for t in law.lengths}),
+        "ladders": [" · ".join(map(str, key)) for key, _ in laws]}
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,

@@ -44,7 +44,7 @@ def sweep(
             plan, found = sweep_lib.with_rounds(plan, out_dir, max_seeds=max_seeds)
         if resume:
             tasks = [*plan.plan.probes, *plan.plan.opd]
-            done, seconds = measured_seconds(tasks, out_dir)
+            done, seconds = measured_seconds(tasks, out_dir, plan.threads)
             out.print(console.measured_line(done, len(tasks), seconds, workers))
             plan = sweep_lib.still_to_run(plan, out_dir, retry_failed=retry_failed)
         out.print(console.plan_table(plan, estimates([*plan.plan.probes, *plan.plan.opd], out=out_dir), workers))

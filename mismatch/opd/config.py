@@ -143,6 +143,13 @@ def lr_factor(config: OPDConfig, step: int) -> float:
     return warm * (config.final_lr_frac + (1 - config.final_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def where_columns(config: OPDConfig) -> dict[str, str]:
+    """The `OMITTED_AT_DEFAULT` fields away from their defaults, as a run's columns (and id) carry them: a device
+    by its type (the same numbers on any `cuda:N`); {} on the CPU in fp32."""
+    values = {"device": config.device.split(":")[0], "ref_dtype": config.ref_dtype}
+    return {name: values[name] for name, default in OMITTED_AT_DEFAULT.items() if values[name] != default}
+
+
 def rollout_label(rollout: str, staleness: int) -> str:
     """`clean`, the rollout spec, or `spec + stale:K` (`RolloutSpec.label`)."""
     return RolloutSpec.parse(rollout, staleness).label

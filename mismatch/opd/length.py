@@ -152,6 +152,12 @@ def split_length(settings: str) -> tuple[str, str]:
     return ", ".join(rest) or "default", (caps[0] if caps else "")
 
 
+def is_rung(settings: pd.Series) -> pd.Series:
+    """Which levels ran at a response cap of their own (`max_new_tokens` set: a length ladder's rung), not at
+    their pair's."""
+    return settings.map(lambda s: split_length(s)[1] not in ("", "off"))
+
+
 def rungs(levels: pd.DataFrame, families) -> pd.DataFrame:
     """`levels` with `family`, the ladder's `base_settings` and each level's response cap `max_new_tokens`."""
     split = [split_length(s) for s in levels["settings"]]

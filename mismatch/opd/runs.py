@@ -22,7 +22,7 @@ from mismatch.errors import InputError, MismatchError
 from mismatch.files import check_writable
 from mismatch.rollout_cost import COST_FACTOR_COLUMNS, cost_factors
 from mismatch.rollout_spec import require_engines
-from mismatch.opd.config import OMITTED_AT_DEFAULT, OPDConfig
+from mismatch.opd.config import OMITTED_AT_DEFAULT, OPDConfig, where_columns
 from mismatch.opd.trainer import train
 from mismatch.opd.verdict import run_label
 from mismatch.pairs.registry import pair_digest, student_architecture
@@ -45,13 +45,8 @@ def run_columns(config: OPDConfig) -> dict[str, object]:
     digest of the pair's data (`mismatch.pairs.pair_digest`); with the toolkit's version they make
     the run's id (`mismatch.results.run_id`). The fields of `OMITTED_AT_DEFAULT` only away from their
     default (a device by its type: the same numbers on any `cuda:N`)."""
-    columns = {**dataclasses.asdict(config), "pair_sha256": pair_digest(config.pair)}
-    for name, default in OMITTED_AT_DEFAULT.items():
-        if columns[name] == default:
-            del columns[name]
-    if "device" in columns:
-        columns["device"] = columns["device"].split(":")[0]
-    return columns
+    columns = {k: v for k, v in dataclasses.asdict(config).items() if k not in OMITTED_AT_DEFAULT}
+    return {**columns, **where_columns(config), "pair_sha256": pair_digest(config.pair)}
 
 
 def run_cost_factors(config: OPDConfig) -> dict[str, float]:

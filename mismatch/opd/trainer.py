@@ -41,7 +41,7 @@ from mismatch.metrics import rollout_stats, sampled_token_metrics
 from mismatch.model.loader import LM, quiet_loading
 from mismatch.model.device import resolve_device
 from mismatch.model.loader import parse_dtype
-from mismatch.opd.config import OPDConfig, lr_factor
+from mismatch.opd.config import OPDConfig, lr_factor, where_columns
 from mismatch.opd.precision import MasterWeights, cast_parameters_
 from mismatch.opd.losses import full_rkl, get_loss, tis_weights, token_loss
 from mismatch.opd.ring import RolloutCopy
@@ -376,8 +376,8 @@ INITIAL_EVAL_FIELDS = ("pair", "seed", "eval_prompts", "chunk_tokens", "eval_gre
 
 def initial_evaluation(run: OPDRun, cache: str | Path | None = None) -> dict[str, float]:
     """Step 0's evaluation: the initial student on the held-out prompts — the same for every run of a pair
-    that shares `INITIAL_EVAL_FIELDS`, the effective max_new_tokens, the pair's data (`pair_digest`) and the
-    torch thread count, whatever its rollout, loss or learning rate. With `cache` (a folder) it is
+    that shares `INITIAL_EVAL_FIELDS`, the effective max_new_tokens, the pair's data (`pair_digest`), the
+    torch thread count, the device and precision (`where_columns`), whatever its rollout, loss or learning rate. With `cache` (a folder) it is
     computed once and read back from `cache/<key>.json` by every other such run (written atomically);
     the values are the computation's own, so a run's rows are the same bit for bit with or without it."""
     if cache is None:
@@ -385,7 +385,8 @@ def initial_evaluation(run: OPDRun, cache: str | Path | None = None) -> dict[str
     cfg = run.config
     key = content_hash({**{f: getattr(cfg, f) for f in INITIAL_EVAL_FIELDS}, "max_new_tokens": run.max_new_tokens,
                         "pair_sha256": pair_digest(cfg.pair), "threads": torch.get_num_threads(),
-                        "mismatch_version": __version__, "id_schema": ID_SCHEMA})
+                        "mismatch_version": __version__, "id_schema": ID_SCHEMA,
+                        **where_columns(cfg)})  # where and in which precision it ran; {} on the CPU in fp32
     path = Path(cache) / f"{key}.json"
     if path.is_file():
         try:

@@ -25,7 +25,7 @@ from mismatch.opd.runs import run_columns
 from mismatch.probes.runs import ProbeConfig
 from mismatch.results import read_results, run_id
 from mismatch.model.generate import read_prompts
-from mismatch.sweep.tasks import Task, read_ledger, task_id
+from mismatch.sweep.tasks import Task, read_ledger, record_status, task_id
 
 COSTS_FILE = "sweep_costs.json"
 
@@ -53,6 +53,8 @@ def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     probe: dict[str, list[float]] = {}
     for record in ledger.values():
         config = record["config"]
+        if config.get("device", "cpu") != "cpu":  # the coefficients are a CPU's (and a CUDA config needs CUDA)
+            continue
         if "pair" in config:
             rid = run_id("opd", run_columns(OPDConfig(**config)))  # the id its rows carry
             if rid not in wall:  # written by another toolkit version, or its pair changed since
@@ -111,11 +113,12 @@ def estimates(tasks: list[Task], *, out: str | Path | None = None) -> list[float
     return [estimate_seconds(task, costs) for task in tasks]
 
 
-def measured_seconds(tasks: list[Task], out: str | Path) -> tuple[int, float]:
-    """How many of `tasks` the ledger in `out` records as done, and the sum of their measured wall times
-    (seconds, each task's own at its thread count): what those tasks took, whatever they ran beside."""
+def measured_seconds(tasks: list[Task], out: str | Path, threads: int = 1) -> tuple[int, float]:
+    """How many of `tasks` the ledger in `out` records as done at `threads` torch threads (what `--resume`
+    skips: `record_status`), and the sum of their measured wall times in seconds: what those tasks took,
+    whatever they ran beside."""
     ledger = read_ledger(out) if Path(out).is_dir() else {}
-    done = [ledger[t] for t in map(task_id, tasks) if ledger.get(t, {}).get("status") == "done"]
+    done = [ledger[t] for t in map(task_id, tasks) if record_status(ledger.get(t, {}), threads) == "done"]
     return len(done), float(sum(record["seconds"] for record in done))
 
 

@@ -116,6 +116,12 @@ def execute(task: Task, out: str | Path, threads: int) -> dict:
     return record
 
 
+def record_status(record: dict, threads: int) -> str | None:
+    """A ledger record's status as `--resume` reads it: None for no record, or one made at another torch
+    thread count (its task runs again)."""
+    return record.get("status") if record.get("threads", threads) == threads else None
+
+
 def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_failed: bool, threads: int = 1
                   ) -> tuple[list[Task], dict[str, str]]:
     """The tasks still to run (in their order) and those skipped, `id → status`: with `resume`, the ones
@@ -126,7 +132,7 @@ def pending_tasks(tasks: Sequence[Task], out: Path, *, resume: bool, retry_faile
     todo, skipped = [], {}
     for task in tasks:
         record = ledger.get(task_id(task), {})
-        status = record.get("status") if record.get("threads", threads) == threads else None
+        status = record_status(record, threads)
         if status == "done" or (status == "failed" and not retry_failed and not record.get("retry")):
             skipped[task_id(task)] = status
         else:

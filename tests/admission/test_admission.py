@@ -105,6 +105,11 @@ def test_the_reference_runs_in_the_trainers_precision():
     assert fp8["bf16"].metrics["mismatch_kl"] != fp8["fp32"].metrics["mismatch_kl"]
     with pytest.raises(InputError, match="unknown dtype"):
         check("tiny-llama", "noise:0", calibration=cal, ref_dtype="fp64x")
+    said = []  # a lag cannot be trained in fp16: refused before anything is loaded
+    with pytest.raises(InputError, match="fp32 or bf16: not fp16"):
+        check("tiny-llama", "noise:0", calibration=cal, teacher="tiny-llama", pipeline=Pipeline(staleness=1),
+              ref_dtype="fp16", progress=said.append)
+    assert said == []
 
 
 def test_same_seed_same_answer_and_the_spec_scope_is_recorded():

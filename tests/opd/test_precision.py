@@ -116,3 +116,19 @@ def test_a_run_on_cuda_learns_and_is_recorded_as_one():
     kl = {r["step"]: r["value"] for r in rows if r["metric"] == "heldout_rkl"}
     assert kl[SHORT["steps"]] < kl[0]
     assert run_columns(config)["device"] == "cuda"
+
+
+def test_step_zeros_shared_evaluation_is_kept_apart_per_precision(tmp_path):
+    """Runs that share an evaluation cache share step 0 only within one device and precision: an fp32 and a
+    bf16 run of the same pair and seed each read back their own evaluation, the one they compute without it."""
+    cache = tmp_path / "cache"
+    first = {}
+    for dtype in ("fp32", "bf16", "fp32", "bf16"):
+        rows = mismatch.opd.train(OPDConfig(**{**SHORT, "steps": 1, "eval_every": 1}, ref_dtype=dtype),
+                                  eval_cache=cache)
+        step0 = {r["metric"]: r["value"] for r in rows if r["step"] == 0}
+        assert first.setdefault(dtype, step0) == step0
+    alone = {r["metric"]: r["value"] for r in mismatch.opd.train(OPDConfig(**{**SHORT, "steps": 1, "eval_every": 1},
+                                                                           ref_dtype="bf16")) if r["step"] == 0}
+    assert first["bf16"] == alone and first["bf16"]["heldout_rkl"] != first["fp32"]["heldout_rkl"]
+    assert len(list(cache.glob("*.json"))) == 2

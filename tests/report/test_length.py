@@ -79,3 +79,28 @@ def test_one_pair_at_two_response_caps_is_a_ladder(tmp_path):
     assert table.loc["off", ["low", "high"]].tolist() == pytest.approx([0.02, 0.2])
     assert set(table["settings"]) == {"default"} and set(table["pair"]) == {"sort-gpt2"}
     assert table["b_low"].iloc[0] == pytest.approx(math.log(0.02 / 0.5) / math.log(130 / 8))
+
+
+def test_the_admission_thresholds_carry_the_law_and_fit_their_limits_off_the_rungs():
+    """`make thresholds` on a dataset with a ladder: `length_law` holds the exponents the brackets allow (as the
+    report gives them), and the limits and their fitted lengths come from the levels at their pair's own cap
+    only — a rung at a cap of its own gives the law, not the limit."""
+    from mismatch.admission.thresholds import thresholds_from_rows
+
+    frames = []
+    for cap, (tokens, ladder) in {8: RUNGS["sort-gpt2"], None: RUNGS["reverse-qwen3"]}.items():
+        base = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap)
+        for seed in range(3):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
+            for sigma, (mismatch, ratio) in ladder.items():
+                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
+                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
+    rows = pd.concat(frames, ignore_index=True)
+    table = thresholds_from_rows(rows, sources=["ladder"])
+    assert table.length_law["b_low"] == pytest.approx(math.log(0.02 / 0.5) / math.log(130 / 8))
+    assert table.length_law["b_high"] == pytest.approx(0.0, abs=1e-9)
+    assert table.length_law["lengths"] == pytest.approx([8.0, 130.0]) and len(table.length_law["ladders"]) == 1
+    assert table.response_tokens == pytest.approx([130.0, 130.0])  # the cap-8 rung is not in the fit
+    assert {p["settings"] for p in table.points} == {"max_new_tokens off"}
+    # the limit sits between the uncapped pair's largest tolerated (0.02) and smallest not tolerated (0.2)
+    assert 0.02 <= table.limits["mismatch_kl"] <= 0.2
