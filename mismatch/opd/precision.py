@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 
-
 def cast_parameters_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast `model`'s floating parameters to `dtype` in place (the same `Parameter` objects, tied ones once);
     buffers are left as they are. Returns `model`."""

@@ -38,9 +38,8 @@ from mismatch.files import atomic_write_text
 from mismatch.hashing import content_hash
 from mismatch.model.head import CACHE_ROWS, Head, head_inputs, is_identity_warp, logprob_chunks, token_chunks
 from mismatch.metrics import rollout_stats, sampled_token_metrics
-from mismatch.model.loader import LM, quiet_loading
 from mismatch.model.device import resolve_device
-from mismatch.model.loader import parse_dtype
+from mismatch.model.loader import LM, parse_dtype, quiet_loading
 from mismatch.opd.config import OPDConfig, lr_factor, where_columns
 from mismatch.opd.precision import MasterWeights, cast_parameters_
 from mismatch.opd.losses import full_rkl, get_loss, tis_weights, token_loss
