@@ -60,9 +60,9 @@ def test_the_length_report_brackets_each_rung(tmp_path):
     assert write_length_report(levels[levels["pair"] == "sort-gpt2"], tmp_path / "one", ladder) == []  # one length
 
 
-def test_one_pair_at_two_response_caps_is_a_ladder(tmp_path):
-    """A rung is a (pair, max_new_tokens): one pair run at two caps, other settings equal, is a ladder whose
-    rungs are told apart by the cap; a run at the pair's own cap (`off`) is a rung of its own."""
+def _capped_ladder() -> pd.DataFrame:
+    """sort-gpt2's rows at two response caps: the RUNGS ladders, the first at max_new_tokens 8, the second at the
+    pair's own cap."""
     frames = []
     for cap, (tokens, ladder) in {8: RUNGS["sort-gpt2"], None: RUNGS["reverse-qwen3"]}.items():
         base = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap)
@@ -71,7 +71,13 @@ def test_one_pair_at_two_response_caps_is_a_ladder(tmp_path):
             for sigma, (mismatch, ratio) in ladder.items():
                 frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
                                    ratio * (1 + 0.001 * seed), mismatch, tokens))
-    levels = analyse(pd.concat(frames, ignore_index=True)).levels
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_one_pair_at_two_response_caps_is_a_ladder(tmp_path):
+    """A rung is a (pair, max_new_tokens): one pair run at two caps, other settings equal, is a ladder whose
+    rungs are told apart by the cap; a run at the pair's own cap (`off`) is a rung of its own."""
+    levels = analyse(_capped_ladder()).levels
     assert set(levels["settings"]) == {"max_new_tokens 8", "max_new_tokens off"}
     written = write_length_report(levels, tmp_path)
     table = pd.read_csv(written[0], dtype={"max_new_tokens": str}).set_index("max_new_tokens")
@@ -87,15 +93,7 @@ def test_the_admission_thresholds_carry_the_law_and_fit_their_limits_off_the_run
     only — a rung at a cap of its own gives the law, not the limit."""
     from mismatch.admission.thresholds import thresholds_from_rows
 
-    frames = []
-    for cap, (tokens, ladder) in {8: RUNGS["sort-gpt2"], None: RUNGS["reverse-qwen3"]}.items():
-        base = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap)
-        for seed in range(3):
-            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
-            for sigma, (mismatch, ratio) in ladder.items():
-                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
-                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
-    rows = pd.concat(frames, ignore_index=True)
+    rows = _capped_ladder()
     table = thresholds_from_rows(rows, sources=["ladder"])
     assert table.length_law["b_low"] == pytest.approx(math.log(0.02 / 0.5) / math.log(130 / 8))
     assert table.length_law["b_high"] == pytest.approx(0.0, abs=1e-9)
