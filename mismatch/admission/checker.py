@@ -59,6 +59,7 @@ from mismatch.pairs.registry import check_same_vocabulary, load_member
 from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
 from mismatch.rollout_spec import RolloutSpec
+from mismatch.opd.precision import trainer_precision
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 # With `offload=None` the rollout copy's originals leave memory while it runs when the model's parameters take at
@@ -244,8 +245,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
-    if teacher is not None and pipeline.lags and parse_dtype(ref_dtype) not in (torch.float32, torch.bfloat16):
-        raise InputError(f"measuring a lag trains the checkpoint as a trainer does, in fp32 or bf16: not {ref_dtype}")
+    if teacher is not None and pipeline.lags:
+        trainer_precision(ref_dtype)  # a lag is measured by training the checkpoint: refused before it is loaded
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope
@@ -320,6 +321,11 @@ def _pipeline_tokens(pipeline: Pipeline, tokens: int, sequences: int, sampled: s
     return (tokens / sequences if sequences and tokens else math.nan), f"the {sampled} mean"
 
 
+def _within(tokens: float, fitted: tuple[float, float]) -> bool:
+    """Whether a response length lies within 2× of the lengths the limits were fitted at."""
+    return fitted[0] / 2 <= tokens <= 2 * fitted[1]
+
+
 def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tuple[float, float]:
     """How much the fitted per-token limit is scaled at a response length of `tokens`, and the exponent used.
 
@@ -331,7 +337,7 @@ def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tupl
     law leaves open (±∞) gives 0: no limit can be carried there.
     """
     low, high = fitted
-    if math.isnan(tokens) or low / 2 <= tokens <= 2 * high:
+    if math.isnan(tokens) or _within(tokens, fitted):
         return 1.0, 0.0
     longer = tokens > 2 * high
     edge = 2 * high if longer else low / 2
@@ -359,7 +365,7 @@ def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, st
     low, high = table.response_tokens
     factor, b = length_factor(tokens, (low, high), table.length_law)
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
-    if low / 2 <= tokens <= 2 * high:
+    if _within(tokens, (low, high)):
         return None, f"{where} (within 2x: per token as fitted)"
     law = (f"the study's length law (exponent b in [{_exponent(table.length_law['b_low'], -1)}, "
            f"{_exponent(table.length_law['b_high'], 1)}], b = {_exponent(b, 1 if b > 0 else -1)} taken)"

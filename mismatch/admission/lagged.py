@@ -24,6 +24,7 @@ from mismatch.model.device import model_device
 from mismatch.model.loader import LM
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.losses import get_loss
+from mismatch.opd.precision import trainer_precision
 from mismatch.opd.tolerance import t_interval
 from mismatch.pairs.registry import Pair
 
@@ -95,10 +96,8 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
     if not prompts:
         raise InputError("no calibration prompts to train on")
     first, last = window_steps(staleness, window)
-    dtype = next(student.model.parameters()).dtype  # the trainer's precision: the checkpoint's, as loaded
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise InputError(f"measuring a lag trains the checkpoint in fp32 or bf16, not {dtype}")
-    config = OPDConfig(pair="check", ref_dtype="bf16" if dtype == torch.bfloat16 else "fp32",
+    precision = trainer_precision(next(student.model.parameters()).dtype)  # the checkpoint's, as loaded
+    config = OPDConfig(pair="check", ref_dtype=precision,
                        device=str(model_device(student.model)), rollout=f"reuse:{reuse}" if reuse > 1 else "none", staleness=staleness,
                        loss=settings.loss, lr=settings.lr, adam_beta1=settings.adam_beta1, tis_cap=settings.tis_cap,
                        warmup_steps=0, decay="constant", steps=last, batch_size=len(prompts), seed=seed,

@@ -17,6 +17,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mismatch.errors import InputError
+from mismatch.model.loader import parse_dtype
+from mismatch.opd.config import TRAINER_DTYPES
+
+
+def trainer_precision(dtype: str | torch.dtype) -> str:
+    """`dtype` as the `OPDConfig.ref_dtype` a trainer runs in (`TRAINER_DTYPES`); another dtype is a one-line
+    `InputError` (fp16 would need loss scaling)."""
+    name = {parse_dtype(n): n for n in TRAINER_DTYPES}.get(parse_dtype(dtype))
+    if name is None:
+        raise InputError(f"a trainer runs in {' or '.join(TRAINER_DTYPES)}: not {dtype}")
+    return name
+
 
 def cast_parameters_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast `model`'s floating parameters to `dtype` in place (the same `Parameter` objects, tied ones once);

@@ -185,16 +185,29 @@ class _BothSplits:
         return PROMPTS[:n]
 
 
-def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_restored():
-    """With a teacher the check runs the pipeline's first K + WINDOW OPD steps (the study's step) and judges
-    the window's mismatch_kl against the window limit; its value is the mean of what `opd.train` logs at those
-    steps for the same run, a rate too small to move fp32 weights measures ~0, and the checkpoint's weights
-    are the same bit for bit afterwards."""
+def _trained_window_mean(student, teacher, ref_dtype: str = "fp32") -> float:
+    """The check's stale:2 lag (lr 3e-2, seed 4, the PROMPTS) run through `opd.train` on `student`: the mean of
+    the `mismatch_kl` it logs over the window the check measures."""
     from mismatch.admission.transfer import WINDOW
     from mismatch.opd.config import OPDConfig
     from mismatch.opd.trainer import train
     from mismatch.pairs.registry import Pair
 
+    config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
+                       batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100,
+                       ref_dtype=ref_dtype)
+    pair = Pair(name="check", student=student, teacher=teacher, task=None, prompt_source=_BothSplits(),
+                max_new_tokens=6)
+    logged = [r["value"] for r in train(config, pair=pair) if r["metric"] == "mismatch_kl" and 3 <= r["step"] <= 2 + WINDOW]
+    assert len(logged) == WINDOW
+    return sum(logged) / WINDOW
+
+
+def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_restored():
+    """With a teacher the check runs the pipeline's first K + WINDOW OPD steps (the study's step) and judges
+    the window's mismatch_kl against the window limit; its value is the mean of what `opd.train` logs at those
+    steps for the same run, a rate too small to move fp32 weights measures ~0, and the checkpoint's weights
+    are the same bit for bit afterwards."""
     lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
     table = _thresholds(1.0, LAGGED)
@@ -208,13 +221,7 @@ def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_
     assert lag.low <= lag.value <= lag.high and lag.value > 1e-3  # lr 3e-2 moves a tiny model
     assert "measured on this checkpoint" in got.notes[-1] and "lr 0.03" in got.notes[-1]
     # the same run through opd.train on a copy of the checkpoint: the window's mean of its logged values
-    copy = mismatch.load("tiny-llama")
-    config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
-                       batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100)
-    pair = Pair(name="check", student=copy, teacher=teacher, task=None, prompt_source=_BothSplits(), max_new_tokens=6)
-    rows = train(config, pair=pair)
-    logged = [r["value"] for r in rows if r["metric"] == "mismatch_kl" and 3 <= r["step"] <= 2 + WINDOW]
-    assert len(logged) == WINDOW and lag.value == pytest.approx(sum(logged) / WINDOW, rel=1e-6)
+    assert lag.value == pytest.approx(_trained_window_mean(mismatch.load("tiny-llama"), teacher), rel=1e-6)
     still = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=1e-30)),
                   thresholds=table, teacher=teacher, seed=4)
     assert abs(still.decisions[-1].value) < 1e-5 and still.decisions[-1].status == "admit"
@@ -225,11 +232,6 @@ def test_a_lag_is_measured_in_the_trainers_precision():
     the bf16 weights, the teacher in bf16): the value is the window's mean of what `opd.train` logs for the same
     bf16 run, not the fp32 run's; the checkpoint and a teacher given in fp32 are the same bit for bit (and in
     their own dtype) afterwards."""
-    from mismatch.admission.transfer import WINDOW
-    from mismatch.opd.config import OPDConfig
-    from mismatch.opd.trainer import train
-    from mismatch.pairs.registry import Pair
-
     lm, teacher = mismatch.load("tiny-llama", dtype="bf16"), mismatch.load("tiny-llama", seed=1)
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
     teacher_before = {k: v.clone() for k, v in teacher.model.state_dict().items()}
@@ -242,17 +244,8 @@ def test_a_lag_is_measured_in_the_trainers_precision():
         state = model.state_dict()
         assert all(torch.equal(saved[k], v) and saved[k].dtype == v.dtype for k, v in state.items())
     value = got.decisions[-1].value
-    logged = {}
-    for dtype in ("bf16", "fp32"):
-        student = mismatch.load("tiny-llama", dtype="bf16" if dtype == "bf16" else "fp32")
-        config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
-                           batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100,
-                           ref_dtype=dtype)
-        pair = Pair(name="check", student=student, teacher=mismatch.load("tiny-llama", seed=1), task=None,
-                    prompt_source=_BothSplits(), max_new_tokens=6)
-        rows = train(config, pair=pair)
-        window = [r["value"] for r in rows if r["metric"] == "mismatch_kl" and 3 <= r["step"] <= 2 + WINDOW]
-        logged[dtype] = sum(window) / WINDOW
+    logged = {dtype: _trained_window_mean(mismatch.load("tiny-llama", dtype=dtype), mismatch.load("tiny-llama", seed=1),
+                                          dtype) for dtype in ("bf16", "fp32")}
     assert value == pytest.approx(logged["bf16"], rel=1e-6)
     assert abs(value - logged["fp32"]) > 1e-6 * abs(value)
 
