@@ -11,8 +11,8 @@ over seeds (`mismatch.opd.tolerance`):
     (`resample:S` against its clean twin: the spread any mismatch is judged against), also in
     `tolerance.md`;
   * `tolerance_levels.png` — Δ accuracy and KL ratio vs level per source, seed intervals as bars;
-  * `tolerance_vs_mismatch.png` — Δ accuracy vs the measured mismatch (mean `mismatch_kl` over the
-    run, log axis) for every source and pair on one plot;
+  * `tolerance_vs_mismatch.png` — Δ accuracy and the KL ratio vs the measured mismatch (mean `mismatch_kl` over the
+    run, log axis) for every source and pair, one panel each;
   * `seed_curves.png` — held-out accuracy vs step per rollout, mean over seeds with a ±1 sd band;
 and, when the dataset also holds probe runs on pair students (`PAIR:student`):
   * `block_sensitivity.png` — per-block isolation maps (block × pair, one panel per format);
@@ -108,7 +108,10 @@ def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
             ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
             ax.axhline(0 if row == 0 else 1, color="black", linewidth=0.6)
             style_axes(ax, xlabel=LEVEL_AXIS[source], ylabel=name)
-            if not categorical:
+            measured = np.isfinite(part[("acc_delta", "kl_ratio")[row]].astype(float)).any()
+            if not measured:  # the real pairs have no accuracy: an empty panel says so (and takes no log axis)
+                ax.text(0.5, 0.5, "not measured on these pairs", transform=ax.transAxes, ha="center", fontsize=9)
+            elif not categorical:
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
         axes[0, col].set_title(source, fontsize=10, color=family_color(source))
         axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
@@ -119,21 +122,28 @@ def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
 
 
 def mismatch_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
-    """Δ accuracy vs the measured mismatch (mean mismatch_kl during the run, log axis): every level of
-    every source and pair, colour by source (its family colour), marker by pair."""
-    fig, ax = subplots(1, figsize=(8, 5.5))
+    """Δ accuracy and the KL ratio vs the measured mismatch (mean mismatch_kl during the run, log axis): every
+    level of every source and pair that has the measure (the real pairs have no accuracy), colour by source
+    (its family colour), marker by pair."""
+    fig, axes = subplots(2, figsize=(13, 5.5))
     pairs = sorted(levels["pair"].unique())
-    shown = levels[levels["mismatch_kl"] > 0]
-    for (source, pair), part in shown.groupby(["source", "pair"]):
-        ax.errorbar(part["mismatch_kl"], 100 * part["acc_delta"], yerr=100 * part["acc_delta_hw"], linestyle="none",
-                    marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=family_color(source), capsize=2,
-                    label=f"{source} · {pair}")
-    ax.axhline(-100 * tolerance.acc_tol, color="grey", linestyle="--", linewidth=1)
-    ax.axhline(0, color="black", linewidth=0.6)
-    ax.set_xscale("log")
-    style_axes(ax, xlabel="measured mismatch: mean KL(rollout ‖ student) per token during the run (nats)",
-               ylabel="Δ final held-out accuracy (points)", legend=True)
-    ax.set_title("Does one mismatch number predict tolerance across sources?")
+    for ax, (metric, scale, limit, base, name) in zip(axes, (
+            ("acc_delta", 100, -100 * tolerance.acc_tol, 0, "Δ final held-out accuracy (points)"),
+            ("kl_ratio", 1, 1 + tolerance.kl_tol, 1, "final held-out KL ratio (rollout copy ÷ clean twin)"))):
+        shown = levels[(levels["mismatch_kl"] > 0) & np.isfinite(levels[metric].astype(float))]
+        for (source, pair), part in shown.groupby(["source", "pair"]):
+            ax.errorbar(part["mismatch_kl"], scale * part[metric], yerr=scale * part[f"{metric}_hw"], linestyle="none",
+                        marker=MARKERS[pairs.index(pair) % len(MARKERS)], color=family_color(source), capsize=2,
+                        label=f"{source} · {pair}")
+        ax.axhline(limit, color="grey", linestyle="--", linewidth=1)
+        ax.axhline(base, color="black", linewidth=0.6)
+        if len(shown):
+            ax.set_xscale("log")
+        else:
+            ax.text(0.5, 0.5, "no level has this measure", transform=ax.transAxes, ha="center", fontsize=9)
+        style_axes(ax, xlabel="measured mismatch: mean KL(rollout ‖ student) per token during the run (nats)",
+                   ylabel=name, legend=bool(len(shown)))
+    fig.suptitle("Does one mismatch number predict tolerance across sources?", fontsize=10)
     return fig
 
 

@@ -158,6 +158,18 @@ def test_the_report_writes_tables_and_figures(rows, tmp_path):
     assert pd.read_csv(tmp_path / "tolerance_levels.csv").shape[0] == 8
 
 
+def test_a_dataset_without_accuracy_still_gets_its_figures(rows, tmp_path):
+    """A real pair logs no accuracy (smollm2-pruned is judged on the held-out KL alone): the report still
+    writes every figure, its Δ-accuracy panels saying they have no data, and judges on the KL ratio."""
+    kl_only = rows[~rows["metric"].isin(["heldout_expected_accuracy"])]
+    written = write_sweep_report(kl_only, tmp_path)
+    assert {"tolerance_levels.png", "tolerance_vs_mismatch.png"} <= {p.name for p in written}
+    levels = pd.read_csv(tmp_path / "tolerance_levels.csv")
+    assert levels["acc_delta"].isna().all() and set(levels["judged_on"]) == {"KL ratio"}
+    stale4 = levels[(levels["source"] == "stale") & (levels["level"].astype(str) == "4")]
+    assert list(stale4["verdict"]) == ["not tolerated"]  # KL 1.20 on every seed
+
+
 def test_a_run_still_going_is_compared_at_its_last_step_and_not_pooled(rows):
     """A run whose last evaluation is step 0 (still going): its verdict compares step 0 with the clean
     run's step 0 (not the clean run's final step), and the tolerance pools only finished runs."""
