@@ -49,7 +49,7 @@ from transformers import (
 
 from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate, unknown_model  # noqa: F401  (re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
-from mismatch.model.device import resolve_device, seeded
+from mismatch.model.device import is_balanced, resolve_device, seeded, spread
 from mismatch.files import read_json
 from mismatch.hashing import content_hash
 from mismatch.model.tokenizer import byte_tokenizer
@@ -358,8 +358,9 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
             present in the local Hugging Face cache.
         dtype: parameter dtype (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`).
         seed: initialisation seed of the tiny random-init models (ignored otherwise).
-        device: where the model lives: `"cpu"` (default), `"cuda"`, `"cuda:N"` or `"auto"`
-            (`mismatch.model.device.resolve_device`); weights are read on the CPU and moved once.
+        device: where the model lives: `"cpu"` (default), `"cuda"`, `"cuda:N"`, `"auto"`, or `"balanced"` (a
+            checkpoint larger than one GPU, spread over every CUDA device; `mismatch.model.device.spread`);
+            weights are read on the CPU and moved once.
 
     Returns:
         `LM(model, tokenizer, name)` with the model in eval mode on `device`.
@@ -371,9 +372,17 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
     where = resolve_device(device)  # before reading any weights: a wrong device fails at once
     with quiet_loading():
         lm = _load(spec, parse_dtype(dtype), seed)
-    if where.type != "cpu":
-        lm.model.to(where)
+    place(lm.model, device, where)
     return lm
+
+
+def place(model: PreTrainedModel, device: str | torch.device, where: torch.device) -> None:
+    """Move a model read on the CPU to `where` (`resolve_device(device)`), or spread it over every CUDA device
+    for `"balanced"` (`mismatch.model.device.spread`)."""
+    if is_balanced(device):
+        spread(model)
+    elif where.type != "cpu":
+        model.to(where)
 
 
 def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:

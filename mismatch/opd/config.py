@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from mismatch.model.device import resolve_device
+from mismatch.model.device import is_balanced, resolve_device
 from mismatch.opd.losses import get_loss
 from mismatch.rollout_spec import RolloutSpec
 
@@ -66,6 +66,9 @@ class OPDConfig:
         if self.ref_dtype not in TRAINER_DTYPES:
             raise ValueError(f"ref_dtype must be one of {', '.join(TRAINER_DTYPES)} (the trainer's precision), "
                              f"got {self.ref_dtype!r}")
+        if is_balanced(self.device):
+            raise ValueError("device 'balanced' spreads a model that is only read (check, probe, score-rollouts); "
+                             "OPD trains on one device: use cuda or cuda:N")
         object.__setattr__(self, "device", str(resolve_device(self.device)))  # auto resolved; absent CUDA fails here
         if self.staleness < 0:
             raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")

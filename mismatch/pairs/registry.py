@@ -44,7 +44,7 @@ from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchErr
 from mismatch.hashing import content_hash
 from mismatch.model.layout import drop_layers
 from mismatch.model.device import resolve_device
-from mismatch.model.loader import LM, cache_dir, load, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
+from mismatch.model.loader import LM, cache_dir, load, place, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
 from mismatch.pairs.build import BuildRecipe, ModelShape, Progress, build
 from mismatch.pairs.tasks import BlockSortTask, ConciseTask, PromptList, ReverseTask, SortTask
 from mismatch.registry import Registry
@@ -450,11 +450,11 @@ def load_member(spec: str, **kwargs) -> LM:
     """
     built = _built_member(spec)
     if built is not None:
-        where = resolve_device(kwargs.get("device", "cpu"))
+        device = kwargs.get("device", "cpu")
+        where = resolve_device(device)
         pair, role = built
         lm = pair_kind(pair).member(pair, role, kwargs.get("dtype", torch.float32))
-        if where.type != "cpu":
-            lm.model.to(where)
+        place(lm.model, device, where)
     else:
         lm = load(member_spec(spec), **kwargs)
     return LM(lm.model, lm.tokenizer, os.fspath(spec))

@@ -23,7 +23,7 @@ import torch
 from mismatch.errors import InputError
 from mismatch.model.layout import model_layout
 from mismatch.model.loader import LM, parse_dtype
-from mismatch.model.device import resolve_device
+from mismatch.model.device import BALANCED, is_balanced, resolve_device
 from mismatch.pairs.registry import load_member, member_digest
 from mismatch.engines.source import open_source
 from mismatch.perturb import select
@@ -180,7 +180,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
         overwrite: start `out` afresh instead of appending to it.
         status: called with a short description of the current stage.
         device: where the models run (`mismatch.model.device.resolve_device`: `"cpu"` default, `"cuda[:N]"`,
-            `"auto"`). Off the CPU the rows carry a `device` column, which enters their run ids (the numbers
+            `"auto"`, `"balanced"` across every CUDA device). Off the CPU the rows carry a `device` column, which enters their run ids (the numbers
             differ by the device's rounding); on the CPU they are as without it.
 
     Returns:
@@ -194,7 +194,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
     base, stamp = _run_columns(config, texts), provenance()
     if where.type != "cpu":
-        base["device"] = str(where)
+        base["device"] = BALANCED if is_balanced(device) else str(where)
 
     def write(c: CandidateResult) -> None:
         if writer is not None:
@@ -205,11 +205,11 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
             writer.finish("probe", rows["run_id"].iloc[0])
 
     with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
-        return _probe_all(config, texts, write, say, where)
+        return _probe_all(config, texts, write, say, BALANCED if is_balanced(device) else where)
 
 
 def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[CandidateResult], None], say: Status,
-               device: torch.device) -> list[CandidateResult]:
+               device: torch.device | str) -> list[CandidateResult]:
     """`run_probes` past its set-up: load, build the batch, probe; `write` gets each scored candidate."""
     say("loading models…")
     ref_lm = load_member(config.reference, dtype=parse_dtype(config.ref_dtype), seed=config.seed, device=device)

@@ -115,3 +115,69 @@ def test_offload_on_cuda_keeps_the_originals_in_host_memory_and_restores_them_bi
         assert snap.offload_dir is None
     for name, param in lm.model.named_parameters():
         assert param.device.type == "cuda" and torch.equal(param, before[name]), name
+
+
+def _per_module_map(model) -> dict[str, str]:
+    """Every top-level part of the model on the CPU as its own entry: the map a balanced spread writes, one
+    device per decoder block."""
+    from mismatch.model.layout import model_layout
+
+    layout = model_layout(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    blocks = [names[id(block)] for block in layout.layers]
+    others = [n for n, _ in model.named_children() if n != "model"] + \
+             [f"model.{n}" for n, _ in model.model.named_children() if n != "layers"]
+    return {name: "cpu" for name in [*blocks, *others]}
+
+
+def test_a_spread_model_checks_as_the_whole_one_and_gets_its_weights_back_bitwise():
+    """accelerate's device map, run on the CPU with its hooks forced on (the multi-device code path: hooks
+    carry activations between modules, weights stay where the map put them): the check's numbers equal the
+    unspread model's, and the perturbation is undone bit for bit on the one copy of the weights."""
+    from mismatch.admission import CalibrationSettings
+    from mismatch.model.device import spread
+
+    plain, lm = mismatch.load("tiny-llama"), mismatch.load("tiny-llama")
+    spread(lm.model, _per_module_map(lm.model), hooks=True)
+    assert hasattr(lm.model.model.layers[0], "_hf_hook")  # the hooked path, not a plain move
+    before = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    settings = dict(rollout="int4:group128", recipe=False, calibration=CalibrationSettings(n_prompts=4))
+    expected, got = mismatch.check(plain, **settings), mismatch.check(lm, **settings)
+    assert got.status == expected.status and got.metrics == expected.metrics
+    assert all(torch.equal(p, before[n]) for n, p in lm.model.named_parameters())
+
+
+@pytest.mark.parametrize("where", ["disk", "meta"])
+def test_a_device_map_that_leaves_weights_off_the_devices_is_refused(where):
+    from mismatch.model.device import spread
+
+    lm = mismatch.load("tiny-llama")
+    with pytest.raises(InputError, match="resident") as info:
+        spread(lm.model, {**_per_module_map(lm.model), "lm_head": where})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(CUDA, reason="CUDA is present here")
+def test_balanced_without_cuda_is_one_line_before_any_weights_are_read(monkeypatch):
+    from mismatch.model import loader
+    from mismatch.opd import OPDConfig
+
+    monkeypatch.setattr(loader, "_load", lambda *a: pytest.fail("weights were read"))
+    with pytest.raises(InputError, match="spreads a model over CUDA devices"):
+        mismatch.load("tiny-llama", device="balanced")
+    with pytest.raises(ValueError, match="OPD trains on one device"):
+        OPDConfig(pair="sort-gpt2", device="balanced")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_balanced_spreads_over_every_gpu_and_probes_as_one_gpu_within_rounding():
+    from mismatch.model.head import head_inputs
+    from mismatch.model.positions import response_index
+
+    one, spread_lm = mismatch.load("smollm2-135m", device="cuda:0"), mismatch.load("smollm2-135m", device="balanced")
+    assert len({p.device for p in spread_lm.model.parameters()}) >= 2
+    batch = generate(one, ["Name a colour.", "Count to three."], max_new_tokens=8, seed=0)
+    index = response_index(batch.response_mask)
+    a = head_inputs(one.model, batch.input_ids, batch.attention_mask, index).rows_ND
+    b = head_inputs(spread_lm.model, batch.input_ids, batch.attention_mask, index).rows_ND
+    torch.testing.assert_close(b.to(a.device), a, rtol=1e-4, atol=1e-5)  # same kernels, another device's order
