@@ -56,13 +56,16 @@ def task_id(task: Task) -> str:
 
 
 def task_label(task: Task) -> str:
-    """A short human label: `probe MODEL [scope] seed S` or `opd PAIR ROLLOUT [scope] loss lr seed` (the
-    rollout's scope only where it is not every decoder linear, as a recipe's kept blocks)."""
+    """A short human label: `probe MODEL [scope] seed S` or `opd PAIR ROLLOUT [scope] loss lr [T tokens] seed`
+    (the rollout's scope only where it is not every decoder linear, as a recipe's kept blocks; the response
+    cap only where the study sets one, as a length ladder's rungs)."""
     if isinstance(task, ProbeConfig):
         scope = "isolation map" if task.each_layer else task.layers
         return f"probe {task.reference} [{scope}] seed {task.seed}"
     scope = "" if task.layers == "linear" else f" [{task.layers}]"
-    return f"opd {task.pair} {task.rollout}{scope} {task.loss} lr {task.lr:g} tis {task.tis_cap} seed {task.seed}"
+    length = "" if task.max_new_tokens is None else f" {task.max_new_tokens} tokens"
+    return (f"opd {task.pair} {task.rollout}{scope} {task.loss} lr {task.lr:g} tis {task.tis_cap}{length} "
+            f"seed {task.seed}")
 
 
 def read_ledger(out: str | Path) -> dict[str, dict]:

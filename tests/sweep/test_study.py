@@ -128,7 +128,7 @@ def test_a_rollout_that_trains_exactly_as_clean_is_planned_as_the_clean_run():
     assert [c.rollout for c in plan.opd] == ["none", "fp8-e4m3"]
 
 
-def test_runs_that_differ_only_in_the_rollout_scope_have_different_labels():
+def test_runs_that_differ_only_in_the_rollout_scope_or_length_have_different_labels():
     """A recipe level (int4 on some blocks) and the same format on every linear are two tasks: the
     sweep's progress and dry-run tables name the scope, so the two are not listed as one run twice."""
     from mismatch.sweep import task_label
@@ -140,6 +140,10 @@ def test_runs_that_differ_only_in_the_rollout_scope_have_different_labels():
     assert [c.layers for c in levels] == ["linear", "1"]
     labels = [task_label(c) for c in levels]
     assert len(set(labels)) == 2 and "[1]" in labels[1] and "[" not in labels[0]
+    rungs = plan_study({"dynamic": [{"pairs": ["sort-gpt2"], "rollouts": ["none"], "settings": {"max_new_tokens": n}}
+                                    for n in (8, 32)]})  # a length ladder's rungs: one task each
+    assert [task_label(c) for c in rungs.opd] == [f"opd sort-gpt2 none full-rkl lr 0.001 tis None {n} tokens seed 0"
+                                                   for n in (8, 32)]
 
 
 def test_cli_dry_run_lists_the_plan_and_bad_files_are_one_line(study, tmp_path):
