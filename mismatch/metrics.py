@@ -19,6 +19,8 @@ import torch
 
 from mismatch.errors import InputError
 
+DEFAULT_CLIP = 2.0  # is_ratio_outside_frac counts importance ratios outside [1/clip, clip] (verdicts, gates, probes)
+
 VERL_VERSION = "0.9.1"  # the verl release whose `rollout_corr/…` definitions `rollout_stats` follows
 SAFETY_BOUND = 20.0  # verl clamps log ratios to ±20 before exponentiating (rollout_corr_helper.SAFETY_BOUND)
 IS_THRESHOLD = 2.0  # token TIS at 2: verl's default `rollout_is_threshold`
@@ -134,7 +136,7 @@ def summarize(tok: dict[str, torch.Tensor], seq_N: torch.Tensor, clip: float) ->
     return {k: float(v) for k, v in out.items()}
 
 
-def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, clip: float = 2.0
+def sampled_token_metrics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, clip: float = DEFAULT_CLIP
                           ) -> dict[str, float]:
     """Training/rollout mismatch on the rollout's own sampled tokens (`y ~ π_R`), as RL
     frameworks log it (verl's rollout-correction metrics).

@@ -60,6 +60,7 @@ from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
 from mismatch.rollout_spec import RolloutSpec
 from mismatch.opd.precision import trainer_precision
+from mismatch.metrics import DEFAULT_CLIP
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 # With `offload=None` the rollout copy's originals leave memory while it runs when the model's parameters take at
@@ -193,7 +194,7 @@ class Pipeline:
 def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear",
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
-          seed: int = 0, clip: float = 2.0, recipe: bool | None = None, rollouts: str | Path | None = None,
+          seed: int = 0, clip: float = DEFAULT_CLIP, recipe: bool | None = None, rollouts: str | Path | None = None,
           teacher: str | LM | None = None, ref_dtype: str = "fp32", device: str = "cpu",
           offload: bool | None = None, progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.

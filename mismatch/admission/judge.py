@@ -19,7 +19,7 @@ import torch
 from mismatch.admission.gates import Gate
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
-from mismatch.metrics import checked_inputs, rollout_stats, sampled_token_metrics
+from mismatch.metrics import DEFAULT_CLIP, checked_inputs, rollout_stats, sampled_token_metrics
 from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, from_word, interval_verdict
 
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
@@ -73,7 +73,7 @@ def bootstrap_intervals(values: dict[str, float], stat, seq_N: torch.Tensor, see
 
 
 def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor,
-          gates: list[Gate] | None = None, *, clip: float = 2.0, seed: int = 0
+          gates: list[Gate] | None = None, *, clip: float = DEFAULT_CLIP, seed: int = 0
           ) -> tuple[dict[str, float], list[Decision]]:
     """The check's statistics and gate decisions on log-probs a training loop already has.
 
@@ -105,7 +105,7 @@ def judge(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch
 
 
 def statistics(logp_train_N: torch.Tensor, logp_rollout_N: torch.Tensor, seq_N: torch.Tensor, *,
-               clip: float = 2.0) -> dict[str, float]:
+               clip: float = DEFAULT_CLIP) -> dict[str, float]:
     """Every statistic a gate can judge, of `N` sampled tokens (`[N]` log-probs under the trained and the
     rollout policy, nats; `[N]` sequence indices 0..S-1, each present): the check's own under
     `mismatch_*` (`mismatch.metrics.sampled_token_metrics`: `mismatch_kl`, the fitted gate's) and verl's,

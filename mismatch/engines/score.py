@@ -28,8 +28,8 @@ import torch
 from mismatch.engines.dumps import TRAINER_FIELDS, DumpRecord, EngineDump, read_rollouts, temperature_notes
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
 from mismatch.files import check_writable
-from mismatch.model.head import Head, head_inputs, logprob_chunks
-from mismatch.metrics import ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
+from mismatch.model.head import DEFAULT_CHUNK_TOKENS, Head, head_inputs, logprob_chunks
+from mismatch.metrics import DEFAULT_CLIP, ratio_columns, rollout_stats, sampled_summary, sampled_token_metrics
 from mismatch.model.loader import LM, context_length, parse_dtype
 from mismatch.pairs.registry import load_member
 from mismatch.model.positions import response_index
@@ -251,8 +251,8 @@ def trainer_side(result: ProbeResult) -> str:
     return "logged" if result.reference.startswith(LOGGED) else "recomputed"
 
 
-def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *, clip: float = 2.0,
-                   check_text: bool = True, chunk_tokens: int = 1024, batch_tokens: int = BATCH_TOKENS,
+def score_rollouts(model: str | LM | None, rollouts: str | Path | EngineDump, *, clip: float = DEFAULT_CLIP,
+                   check_text: bool = True, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, batch_tokens: int = BATCH_TOKENS,
                    out: str | Path | None = None, ref_dtype: str = "fp32", device: str = "cpu") -> ProbeResult:
     """Score an engine's sampled rollouts, with its own log-probs, against the trainer's: `model`
     teacher-forced, or without a model the trainer log-probs the dump logged.

@@ -63,6 +63,7 @@ from mismatch.model.positions import position_ids
 from mismatch.opd.ring import RolloutCopy
 from mismatch.opd.trainer import rollout_seed
 from mismatch.rollout_spec import RolloutSpec
+from mismatch.metrics import DEFAULT_CLIP
 
 log = logging.getLogger("mismatch")
 ON_VIOLATION = ("warn", "stop")
@@ -276,7 +277,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
     """
 
     def __init__(self, *args, rollout=None, layers: str = "linear", thresholds=None, gate_every: int = 10,
-                 on_violation: str = "warn", clip: float = 2.0, fix_positions: bool = True, **kwargs) -> None:
+                 on_violation: str = "warn", clip: float = DEFAULT_CLIP, fix_positions: bool = True, **kwargs) -> None:
         if on_violation not in ON_VIOLATION:
             raise InputError(f"on_violation must be one of {', '.join(ON_VIOLATION)}, got {on_violation!r}")
         if gate_every < 1:

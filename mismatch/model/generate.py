@@ -19,7 +19,7 @@ from mismatch.model.device import model_device, seeded
 from mismatch.model.packed_linear import packed_linears
 from mismatch.errors import InputError
 from mismatch.files import read_text
-from mismatch.model.head import Head, head_inputs, logprob_chunks
+from mismatch.model.head import DEFAULT_CHUNK_TOKENS, Head, head_inputs, logprob_chunks
 from mismatch.model.loader import LM
 from mismatch.model.positions import response_index, scorable
 
@@ -214,7 +214,7 @@ def token_logprobs(head: Head, hidden_ND: torch.Tensor, token_N: torch.Tensor, c
 
 @torch.no_grad()
 def sequence_logprobs(model, batch: Batch, *, temperature: float = 1.0, top_p: float | None = None,
-                      chunk_tokens: int = 1024) -> torch.Tensor:
+                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """`log π(y_t)` of every response token under `model`'s sampling distribution, `[B, T]` fp32.
 
     Computed by one teacher-forced forward pass over the whole sequences (not taken from the

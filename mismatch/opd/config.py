@@ -20,6 +20,7 @@ import pandas as pd
 from mismatch.model.device import is_balanced, resolve_device
 from mismatch.opd.losses import get_loss
 from mismatch.rollout_spec import RolloutSpec
+from mismatch.metrics import DEFAULT_CLIP
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 TRAINER_DTYPES = ("fp32", "bf16")  # `ref_dtype`: fp16 would need loss scaling, which no run here models
@@ -55,7 +56,7 @@ class OPDConfig:
     eval_every: int = 10
     eval_greedy: bool = True  # also score greedy responses (`heldout_greedy_accuracy`): one more generation
     eval_probe: int = 64  # held-out samples the rollout copy is probed on against the student at each evaluation (0: off)
-    clip: float = 2.0  # is_ratio_outside_frac counts r outside [1/clip, clip]
+    clip: float = DEFAULT_CLIP  # is_ratio_outside_frac counts r outside [1/clip, clip]
     chunk_tokens: int = 1024
     seed: int = 0
     device: str = "cpu"  # where the run computes: auto (CUDA when present), cpu, cuda, cuda:N

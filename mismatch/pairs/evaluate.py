@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mismatch.errors import InputError
+from mismatch.model.head import DEFAULT_CHUNK_TOKENS
 from mismatch.model.loader import LM
 from mismatch.model.generate import Batch, generate, responses, sequence_logprobs, with_responses
 
@@ -58,7 +59,7 @@ def sampled_accuracy(lm: LM, task, prompts: list[str], *, seed: int, temperature
 
 def expected_accuracy(lm: LM, task, prompts: list[str], *, max_new_tokens: int | None = None, chat: bool = False,
                       context: tuple[tuple[str, str], ...] = (), batch_size: int = 128,
-                      chunk_tokens: int = 1024) -> float:
+                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> float:
     """The expected exact match of one response sampled at temperature 1, computed without sampling:
     the mean over `prompts` of `exp Σ_t log π(gold_t | prompt, gold_<t)`, the probability that the model
     samples exactly the task's correct response (`task.answer`) and then EOS, in one teacher-forced pass.

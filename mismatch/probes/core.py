@@ -34,16 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.model.head import CACHE_ROWS, Head, HeadInputs, head_inputs, logprob_chunks, token_chunks
+from mismatch.model.head import CACHE_ROWS, DEFAULT_CHUNK_TOKENS, Head, HeadInputs, head_inputs, logprob_chunks, token_chunks
 from mismatch.model.layout import Layout, model_layout, replay_prefix
-from mismatch.metrics import summarize, token_metrics_
+from mismatch.metrics import DEFAULT_CLIP, summarize, token_metrics_
 from mismatch.model.loader import LM, context_length
 from mismatch.model.moe import capture_routing, routed_blocks
 from mismatch.perturb import active_perturbations
 from mismatch.model.positions import position_ids, response_index, scorable
 from mismatch.model.tokenizer import vocab_fingerprint
 
-DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 TOKEN_COLUMNS = ("seq", "pos", "token", "logp_ref", "logp_cand", "kl_fwd", "kl_rev", "tv",
                  "top1_agree", "is_ratio", "k3")
 ROUTER_METRIC = "router_topk_agree"  # per MoE block; NaN on the rows of layers without a router
@@ -387,7 +386,7 @@ def probe(
     attention_mask: torch.Tensor | None = None,
     response_mask: torch.Tensor | None = None,
     per_layer: bool = True,
-    clip: float = 2.0,
+    clip: float = DEFAULT_CLIP,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> ProbeResult:
     """Compare a candidate LM with a reference LM on the same tokens.

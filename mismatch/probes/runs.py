@@ -33,6 +33,7 @@ from mismatch.probes.core import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_ME
                              reference)
 from mismatch.results import ResultsWriter, provenance, tidy
 from mismatch.model.generate import Batch, generate, read_prompts, teacher_forced
+from mismatch.metrics import DEFAULT_CLIP
 
 MEMORY_BUDGET_BYTES = 2 << 30  # per optional reference-side cache (log-probs, block outputs)
 Status = Callable[[str], None]
@@ -59,7 +60,7 @@ class ProbeConfig:
     ref_dtype: str = "fp32"
     cand_dtype: str = "fp32"
     per_layer: bool = True
-    clip: float = 2.0
+    clip: float = DEFAULT_CLIP
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
@@ -114,7 +115,7 @@ def memory_plan(model, batch: Batch, n_candidates: int, scopes: list[str]) -> tu
 
 
 def probe_candidates(ref_lm: LM, batch: Batch, specs: list[str], scopes: list[str], *, per_layer: bool = True,
-                     clip: float = 2.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, seed: int = 0,
+                     clip: float = DEFAULT_CLIP, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, seed: int = 0,
                      on_result: Callable[[CandidateResult], None] | None = None,
                      status: Status | None = None) -> list[CandidateResult]:
     """Score every spec × scope (the reference model perturbed in place, then restored) against one
