@@ -26,7 +26,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mismatch.opd.runs import make_config, run_columns
+from mismatch.opd.config import OPDConfig
+from mismatch.opd.runs import run_columns
 from mismatch.results import canonical_order, read_results, run_id
 from mismatch.sweep import load_study
 from mismatch.sweep.tasks import read_ledger
@@ -34,7 +35,7 @@ from mismatch.sweep.tasks import read_ledger
 
 def finished_runs(source: str | Path) -> set[str]:
     """Run ids of the OPD tasks the ledger of `source` records as done."""
-    return {run_id("opd", run_columns(make_config(**record["config"])))
+    return {run_id("opd", run_columns(OPDConfig(**record["config"])))
             for record in read_ledger(source).values()
             if record.get("status") == "done" and record.get("task", "").startswith("opd ")}
 

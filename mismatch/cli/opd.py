@@ -43,7 +43,7 @@ def opd(
     from mismatch import opd as opd_lib
     from mismatch.opd.tolerance import run_verdicts
 
-    base = opd_lib.make_config(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
+    base = opd_lib.OPDConfig(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
                                batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,
                                eval_every=eval_every, eval_prompts=eval_prompts, seed=seed, device=device,
                                ref_dtype=ref_dtype)

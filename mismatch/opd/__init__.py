@@ -4,7 +4,7 @@ planning and running several runs into a results dataset (`runs`), verdicts (`ve
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.trainer import save_student, train
-from mismatch.opd.runs import label, make_config, plan, run_all
+from mismatch.opd.runs import label, plan, run_all
 from mismatch.opd.verdict import verdict_table
 
-__all__ = ["OPDConfig", "train", "save_student", "plan", "run_all", "make_config", "label", "verdict_table"]
+__all__ = ["OPDConfig", "train", "save_student", "plan", "run_all", "label", "verdict_table"]

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from mismatch.errors import InputError
+from mismatch.metrics import DEFAULT_CLIP
 from mismatch.model.device import is_balanced, resolve_device
+from mismatch.model.head import DEFAULT_CHUNK_TOKENS
 from mismatch.opd.losses import get_loss
 from mismatch.rollout_spec import RolloutSpec
-from mismatch.metrics import DEFAULT_CLIP
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 TRAINER_DTYPES = ("fp32", "bf16")  # `ref_dtype`: fp16 would need loss scaling, which no run here models
@@ -57,46 +59,59 @@ class OPDConfig:
     eval_greedy: bool = True  # also score greedy responses (`heldout_greedy_accuracy`): one more generation
     eval_probe: int = 64  # held-out samples the rollout copy is probed on against the student at each evaluation (0: off)
     clip: float = DEFAULT_CLIP  # is_ratio_outside_frac counts r outside [1/clip, clip]
-    chunk_tokens: int = 1024
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     seed: int = 0
     device: str = "cpu"  # where the run computes: auto (CUDA when present), cpu, cuda, cuda:N
     ref_dtype: str = "fp32"  # the trainer's precision: bf16 = a bf16 compute copy over fp32 masters (`precision`)
 
     def __post_init__(self) -> None:
+        """Validate every field: a bad value (or a value of the wrong type, as a study file may give) is one
+        `InputError` line naming the field."""
+        try:
+            self._validate()
+        except TypeError as exc:
+            raise InputError(f"OPD settings: {str(exc).splitlines()[0]}") from None
+
+    def _validate(self) -> None:
+        for field in dataclasses.fields(self):  # numbers are numbers (a study file may quote one)
+            value = getattr(self, field.name)
+            if field.type.split(" | ")[0] in ("int", "float") and value is not None and (
+                    isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise InputError(f"{field.name} must be a number, got {value!r}")
         get_loss(self.loss)  # an unknown loss: one line naming the registered ones
         if self.ref_dtype not in TRAINER_DTYPES:
-            raise ValueError(f"ref_dtype must be one of {', '.join(TRAINER_DTYPES)} (the trainer's precision), "
+            raise InputError(f"ref_dtype must be one of {', '.join(TRAINER_DTYPES)} (the trainer's precision), "
                              f"got {self.ref_dtype!r}")
         if is_balanced(self.device):
-            raise ValueError("device 'balanced' spreads a model that is only read (check, probe, score-rollouts); "
+            raise InputError("device 'balanced' spreads a model that is only read (check, probe, score-rollouts); "
                              "OPD trains on one device: use cuda or cuda:N")
         object.__setattr__(self, "device", str(resolve_device(self.device)))  # auto resolved; absent CUDA fails here
         if self.staleness < 0:
-            raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
+            raise InputError(f"staleness must be ≥ 0, got {self.staleness}")
         if self.eval_probe < 0:
-            raise ValueError(f"eval_probe must be ≥ 0, got {self.eval_probe}")
+            raise InputError(f"eval_probe must be ≥ 0, got {self.eval_probe}")
         for name in ("steps", "batch_size", "train_prompts", "eval_prompts", "eval_every", "chunk_tokens"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+                raise InputError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.decay not in ("cosine", "constant"):
-            raise ValueError(f"decay must be cosine or constant, got {self.decay!r}")
+            raise InputError(f"decay must be cosine or constant, got {self.decay!r}")
         if not 0 <= self.final_lr_frac <= 1:
-            raise ValueError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
+            raise InputError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
         if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
+            raise InputError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
         if self.tis_cap is not None and self.tis_cap <= 0:
-            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+            raise InputError(f"tis_cap must be > 0, got {self.tis_cap}")
         if not 0 <= self.adam_beta1 < 1:
-            raise ValueError(f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
+            raise InputError(f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
         if not self.lr > 0 or not self.temperature > 0:
-            raise ValueError("lr and temperature must be > 0")
+            raise InputError("lr and temperature must be > 0")
         spec = self.rollout_spec  # a bad spec fails here, before any work
         if spec.is_clean and (self.rollout != "none" or self.staleness):  # stale:0, reuse:1: the clean run itself
             object.__setattr__(self, "rollout", "none")
             object.__setattr__(self, "staleness", 0)
         engine = spec.engine
         if engine is not None and (engine.weights == "gguf" or self.temperature != 1.0 or self.top_p):
-            raise ValueError(f"an {engine.engine} rollout copy is re-exported from the trained weights at "
+            raise InputError(f"an {engine.engine} rollout copy is re-exported from the trained weights at "
                              "temperature 1 without top_p (not from its original GGUF file)")
 
     @property

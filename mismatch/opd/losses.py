@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mismatch.errors import InputError
 from mismatch.registry import Registry
 
 
@@ -112,7 +113,7 @@ class Loss:
     weighted: bool = False
 
 
-LOSS_REGISTRY: Registry[Loss] = Registry("loss")  # read-only mapping, in registration order
+LOSS_REGISTRY: Registry[Loss] = Registry("loss", InputError)  # read-only mapping, in registration order
 
 
 def register_loss(loss: Loss) -> Loss:
@@ -121,7 +122,7 @@ def register_loss(loss: Loss) -> Loss:
 
 
 def get_loss(name: str) -> Loss:
-    """The registered loss `name`; a one-line `ValueError` listing the registered ones otherwise."""
+    """The registered loss `name`; a one-line `InputError` listing the registered ones otherwise."""
     return LOSS_REGISTRY.get(name)
 
 

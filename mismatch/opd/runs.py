@@ -32,14 +32,6 @@ RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run ind
 EVAL_CACHE = "_cache/initial_eval"  # inside a results directory: step 0's evaluations (`trainer.initial_evaluation`)
 
 
-def make_config(**fields: object) -> OPDConfig:
-    """`OPDConfig(**fields)`, with a bad value reported as a one-line `InputError`."""
-    try:
-        return OPDConfig(**fields)
-    except (TypeError, ValueError) as exc:
-        raise InputError(str(exc).splitlines()[0]) from None
-
-
 def run_columns(config: OPDConfig) -> dict[str, object]:
     """The configuration columns of a run's rows: every `OPDConfig` field and `pair_sha256`, the
     digest of the pair's data (`mismatch.pairs.pair_digest`); with the toolkit's version they make
@@ -105,7 +97,7 @@ def plan(base: OPDConfig, rollouts: Sequence[str] = (), *, baseline: bool = Fals
     Raises:
         InputError: a rollout spec that does not parse.
     """
-    configs = [make_config(**{**dataclasses.asdict(base), "rollout": r}) for r in rollouts] or [base]
+    configs = [dataclasses.replace(base, rollout=r) for r in rollouts] or [base]
     runs = [base.clean()] if baseline else []
     for config in configs:
         if config not in runs and not (baseline and config.is_clean):

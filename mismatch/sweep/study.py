@@ -46,7 +46,6 @@ from pathlib import Path
 
 from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.runs import make_config
 from mismatch.pairs.registry import PAIRS, pair_spec
 from mismatch.probes.runs import ProbeConfig
 from mismatch.files import read_toml
@@ -179,7 +178,7 @@ def _dynamic(part: dict, where: str) -> tuple[OPDConfig, ...]:
     runs: list[OPDConfig] = []
     for pair, loss, lr, tis, seed, rollout in grid:
         try:
-            config = make_config(**settings, pair=pair, loss=loss, lr=lr, tis_cap=tis or None, seed=seed,
+            config = OPDConfig(**settings, pair=pair, loss=loss, lr=lr, tis_cap=tis or None, seed=seed,
                                  rollout=str(rollout))
         except InputError as exc:
             raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None

@@ -82,6 +82,7 @@ def test_static_groups_share_a_reference_per_model_seed_and_scope(study, tmp_pat
     (('"reverse-qwen3"]', '"reverse-gpt9"]'), "unknown pair 'reverse-gpt9' in pairs"),
     (('"pg-rkl"]', '"kl"]'), "[dynamic]: unknown loss 'kl'"),
     (("steps = 40", "steps = 0"), "[dynamic]: steps must be ≥ 1"),
+    (("steps = 40", 'steps = "40"'), "[dynamic]: steps must be a number, got '40'"),
     (("seeds = [0, 1, 2]", "seeds = []"), "seeds must be a non-empty list"),
     (('name = "tiny"', 'name = "tiny"\nsweep = 1'), "unknown key 'sweep'"),
     (("prompts = \"p.txt\"", ""), "[static]: give exactly one prompt source"),
