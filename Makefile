@@ -77,14 +77,14 @@ RESULTS := results
 reproduce-figures: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/paper.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-figures: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # The study's engine rows (sweeps/engines.toml: llama.cpp beside its simulated twins) into the same dataset,
 # after the main study (resumed: nothing done is run again), then the reports of both.
 reproduce-engines: reproduce-figures $(ENGINES)
 	$(BIN)/mismatch sweep sweeps/engines.toml --out $(RESULTS)/paper --workers 2 --resume
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
+	$(BIN)/mismatch report $(RESULTS)/paper --out reports
 
 # The study's second part into the same dataset: the loss the frameworks use on the synthetic pairs
 # (sweeps/loss.toml) and the real weights' deciding core (sweeps/study.toml: SmolLM2 trained to its
@@ -94,7 +94,7 @@ reproduce-study: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/loss.toml --out $(RESULTS)/paper --workers 2 --resume && \
 	$(BIN)/mismatch sweep sweeps/study.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # The rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
@@ -104,7 +104,7 @@ reproduce-study-extended: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/length.toml --out $(RESULTS)/paper --workers 2 --resume && \
 	$(BIN)/mismatch sweep sweeps/study-extended.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study-extended: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # reports/ from the committed results (experiments/study_data/*.parquet, the compacted rows of the runs the
@@ -113,7 +113,7 @@ reproduce-study-extended: $(STAMP)
 # then reported from it, as they report.
 reports: $(STAMP)
 	mkdir -p $(RESULTS)/paper && cp -u experiments/study_data/*.parquet $(RESULTS)/paper/
-	$(BIN)/mismatch report $(RESULTS)/paper --out-dir reports
+	$(BIN)/mismatch report $(RESULTS)/paper --out reports
 
 # The admission limits `mismatch check` ships (mismatch/data/admission_thresholds.json), refitted from the
 # committed results, the rows reports/admission.md is written from (a test checks the two agree).

@@ -25,7 +25,7 @@ the study's in-training peak over the first step, per source). The check judges 
 second time against the limit lowered by the source's drift margin (the peak ratio's median over its
 largest): above it, and not rejected, the answer is uncertain.
 
-`check(model, rollout=None, rollouts=FILE)` judges a real engine instead: its rollout dump (sampled
+`check(model, rollout=None, dump=FILE)` judges a real engine instead: its rollout dump (sampled
 tokens with the engine's own log-probs, `mismatch.engines`) is the calibration set, scored by the
 model teacher-forced (`mismatch.engines.score_rollouts`); no recipe and no cost (there is no spec).
 """
@@ -68,6 +68,9 @@ DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec no
 OFFLOAD_BYTES = 1 << 30
 
 
+DUMP = "dump:"  # an Admission's `rollout` when it judged an engine's dump (`dump:PATH`), not a spec
+
+
 @dataclass
 class Admission:
     """The check's answer. `status` is `admit`, `uncertain` or `reject`; `admitted` = admit.
@@ -89,6 +92,11 @@ class Admission:
     @property
     def admitted(self) -> bool:
         return self.status == "admit"
+
+    @property
+    def from_dump(self) -> bool:
+        """Whether an engine's rollout dump was judged (`rollout` is `dump:PATH`), not a spec's copy."""
+        return self.rollout.startswith(DUMP)
 
     @property
     def violations(self) -> list[Decision]:
@@ -194,7 +202,7 @@ class Pipeline:
 def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear",
           calibration: CalibrationSettings = CalibrationSettings(), pipeline: Pipeline = Pipeline(),
           thresholds: Thresholds | str | Path | dict[str, float] | None = None, presets: tuple[str, ...] = (),
-          seed: int = 0, clip: float = DEFAULT_CLIP, recipe: bool | None = None, rollouts: str | Path | None = None,
+          seed: int = 0, clip: float = DEFAULT_CLIP, recipe: bool | None = None, dump: str | Path | None = None,
           teacher: str | LM | None = None, ref_dtype: str = "fp32", device: str = "cpu",
           offload: bool | None = None, progress: Callable[[str], None] | None = None) -> Admission:
     """Check whether rollouts from `model` under `rollout` are safe for OPD on `model`.
@@ -202,7 +210,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     Args:
         model: anything `mismatch.load` takes (a local checkpoint, a built-in, `PAIR:student`), or an LM.
         rollout: the rollout copy's perturbation spec (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`,
-            …); the lag and reuse are the `pipeline`'s. None: `DEFAULT_ROLLOUT`, unless `rollouts` is given.
+            …); the lag and reuse are the `pipeline`'s. None: `DEFAULT_ROLLOUT`, unless `dump` is given.
         layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
         calibration: which prompts, how many, how many new tokens, chat or not (`CalibrationSettings`).
         pipeline: the intended pipeline's staleness K, reuse R and trainer settings.
@@ -214,7 +222,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         recipe: True: search a mixed-precision recipe (`mismatch.admission.recipe`) whatever the answer;
             None (default): search one when the first (fitted) gate rejects, against that gate; False: never
             (the search probes every block alone: minutes on a real checkpoint).
-        rollouts: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
+        dump: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
             the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
         teacher: the OPD teacher (a model spec or an LM): with it a lag or reuse is measured on `model`
@@ -238,12 +246,12 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     of_type(model, (str, os.PathLike, LM), "model")
     of_type(rollout, (str, type(None)), "rollout")
     of_type(layers, str, "layers")
-    of_type(rollouts, (str, os.PathLike, type(None)), "rollouts")
+    of_type(dump, (str, os.PathLike, type(None)), "dump")
     of_type(recipe, (bool, type(None)), "recipe")
-    if rollouts is not None:
+    if dump is not None:
         if rollout is not None:  # an explicit spec is never dropped in favour of the dump
-            raise InputError("give either a rollout spec or a rollouts file, not both")
-        return _check_dump(model, rollouts, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
+            raise InputError("give either a rollout spec or a rollout dump, not both")
+        return _check_dump(model, dump, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
     if teacher is not None and pipeline.lags:
@@ -415,15 +423,15 @@ def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]
             (("stale", pipeline.staleness, 0), ("reuse", pipeline.reuse, 1)) if level != off]
 
 
-def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
+def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pipeline: Pipeline,
                 presets: tuple[str, ...], clip: float, recipe: bool | None, say: Callable[[str], None],
                 ref_dtype: str = "fp32", device: str = "cpu") -> Admission:
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     table, gates = _thresholds_and_gates(thresholds, presets)
-    say(f"scoring the rollouts of {rollouts}")
-    scored = score_rollouts(lm, rollouts, clip=clip)
+    say(f"scoring the rollouts of {dump}")
+    scored = score_rollouts(lm, dump, clip=clip)
     tok = scored.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
@@ -438,9 +446,9 @@ def _check_dump(model: str | LM, rollouts: str | Path, thresholds, *, seed: int,
              *(n for _, n in (drift, length, *lagged) if n)]
     if recipe:
         notes.append("no recipe: the rollouts come from an engine, not from a spec whose layers could be kept out")
-    calibration = {"prompts": str(rollouts), "sequences": int(scored.summary["sequences"]),
+    calibration = {"prompts": str(dump), "sequences": int(scored.summary["sequences"]),
                    "tokens": int(scored.summary["tokens"]), "sampled_by": scored.candidate, "seed": seed}
-    return Admission(model=name, rollout=f"rollouts:{rollouts}", layers="", metrics=metrics, decisions=decisions,
+    return Admission(model=name, rollout=f"{DUMP}{dump}", layers="", metrics=metrics, decisions=decisions,
                      status=combine_status([d.status for d in decisions]), notes=notes, calibration=calibration)
 
 

@@ -4,7 +4,7 @@
         --prompts mismatch/data/prompts.txt --chat --max-new-tokens 64 --out results/quant
     mismatch opd --pair sort-gpt2 --rollout fp8-e4m3 --rollout stale:1 --baseline --out results/opd
     mismatch sweep sweeps/quick.toml --out results/quick [--resume] [--dry-run] [--workers 2]
-    mismatch report results/quant results/opd --out-dir reports/mine
+    mismatch report results/quant results/opd --out reports/mine
     mismatch check smollm2-135m --rollout fp8-e4m3:block128 [--preset slime] [--staleness 1] [--json]
     mismatch thresholds results/paper --out mismatch/data/admission_thresholds.json
     mismatch monitor runs/trl-out/trainer_state.json --out monitor/ [--patience 3]

@@ -17,7 +17,7 @@ EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 def check(
     model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
     rollout: Annotated[str | None, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")] = None,
-    rollouts: Annotated[Path | None, typer.Option(help="Instead of --rollout: an engine's rollout dump to score "
+    dump: Annotated[Path | None, typer.Option(help="Instead of --rollout: an engine's rollout dump to score "
                                                        "(vLLM, SGLang, OpenAI, prime-rl, slime: see `mismatch "
                                                        "score-rollouts`).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
@@ -51,23 +51,23 @@ def check(
                        ] = None,
     threads: Threads = None,
 ) -> None:
-    """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --rollouts FILE) safe for OPD on MODEL?
+    """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --dump FILE) safe for OPD on MODEL?
     Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
     early(models=(model, *((teacher,) if teacher else ())), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
                                                      ("thresholds file not found: {path}", thresholds),
-                                                     ("rollouts file not found: {path}", rollouts)))
+                                                     ("rollout dump not found: {path}", dump)))
     from mismatch import admission as admission_lib
     from mismatch.cli import tables as console
 
     trainer = admission_lib.TrainerSettings(lr=lr, adam_beta1=adam_beta1, loss=loss, tis_cap=tis_cap)
-    with stages(f"checking {rollout or rollouts} on {model}") as say:
+    with stages(f"checking {rollout or dump} on {model}") as say:
         calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer,
                                                                          response_tokens=response_tokens),
                                         thresholds=thresholds, presets=tuple(preset or ()), seed=seed, recipe=recipe,
-                                        rollouts=rollouts, teacher=teacher, ref_dtype=ref_dtype, device=device,
+                                        dump=dump, teacher=teacher, ref_dtype=ref_dtype, device=device,
                                         offload=offload, progress=say)
     if json_out:
         typer.echo(json_text(admission.to_dict()))

@@ -24,7 +24,7 @@ Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead o
                                                  "has succeeded (a failed or interrupted one removes nothing).")]
 KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
-Force = Annotated[bool, typer.Option(help="Replace the report of other results that --out-dir holds.")]
+Force = Annotated[bool, typer.Option(help="Replace the report of other results that --out holds.")]
 Device = Annotated[str, typer.Option(help="Where models run: auto (CUDA when present), cpu, cuda, cuda:N, or "
                                            "balanced (a model larger than one GPU spread over every CUDA device; "
                                            "not for opd).")]

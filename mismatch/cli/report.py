@@ -13,7 +13,7 @@ from mismatch.cli.common import AccTol, Force, KlTol, Threads, err
 
 def report(
     results: Annotated[list[Path], typer.Argument(help="Results: dataset directories or .parquet/.csv files.")],
-    out_dir: Annotated[Path, typer.Option(help="Folder for the Markdown tables and the plots.")] = Path("reports"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the Markdown tables and the plots.")] = Path("reports"),
     kl_tol: KlTol = Tolerance.kl_tol,
     acc_tol: AccTol = Tolerance.acc_tol,
     force: Force = False,

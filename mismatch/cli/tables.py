@@ -189,7 +189,7 @@ def sweep_summary(report: SweepReport, out) -> Table:
 def admission_table(admission) -> Table:
     """The admission check's gates: statistic, value with its 95% interval, limit, status, source."""
     cal = admission.calibration
-    source = (f"from {cal['sampled_by']}" if admission.rollout.startswith("rollouts:")
+    source = (f"from {cal['sampled_by']}" if admission.from_dump
               else f"under {admission.rollout} [{admission.layers}]")
     title = (f"{admission.model} with rollouts {source}: "
              f"{admission.status.upper()} ({cal['sequences']} sampled responses, {cal['tokens']} tokens)")

@@ -59,7 +59,7 @@ def report(paths: list[str | Path], out_dir: str | Path, *, tolerance: Tolerance
     `out_dir`, which records what they were written from (`report.manifest`): a folder holding
     another dataset's report is refused unless `force`. Returns the files written, `report.json` last."""
     out_dir, sources = Path(out_dir), normalised(paths)
-    check_writable(out_dir, "--out-dir", folder=True)  # before any reading
+    check_writable(out_dir, "--out", folder=True)  # before any reading
     rows = read_many(paths)
     run_ids = set(rows["run_id"].dropna().astype(str))
     old = claim(out_dir, sources, run_ids, force=force)

@@ -40,7 +40,7 @@ def claim(out_dir: Path, sources: list[str], run_ids: set[str], *, force: bool =
         strays = sorted(p.name for p in out_dir.iterdir() if p.is_file() and not p.name.startswith("."))
         if strays and not force:
             raise InputError(f"{out_dir} holds files no `mismatch report` recorded ({strays[0]}, …; no {MANIFEST}): "
-                             "use another --out-dir, or --force to write into it")
+                             "use another --out, or --force to write into it")
         return {}
     old = read_json(path, "report manifest")
     old = old if isinstance(old, dict) else {}
@@ -48,7 +48,7 @@ def claim(out_dir: Path, sources: list[str], run_ids: set[str], *, force: bool =
     if not same and not force:
         were = ", ".join(old.get("sources") or ["unknown results"])
         raise InputError(f"{out_dir} holds the report of {were}, not of {', '.join(sources)}: use another "
-                         "--out-dir (e.g. reports/<name>), or --force to replace that report")
+                         "--out (e.g. reports/<name>), or --force to replace that report")
     return old
 
 

@@ -96,7 +96,7 @@ def test_report_from_results(tmp_path):
     out = tmp_path / "r.parquet"
     runner.invoke(app, ["probe", "tiny-llama", "tiny-llama", "--cand-dtype", "bf16", "--text", "hello there",
                         "--out", str(out)])
-    res = runner.invoke(app, ["report", str(out), "--out-dir", str(tmp_path / "rep")])
+    res = runner.invoke(app, ["report", str(out), "--out", str(tmp_path / "rep")])
     assert res.exit_code == 0, res.output
     md = (tmp_path / "rep" / "summary.md").read_text()
     kl = summaries(read_results(out)).iloc[0]["kl_fwd_mean"]
@@ -202,9 +202,9 @@ def bad_files(tmp_path_factory):
     (["probe", "tiny-llama", "tiny-llama", "--prompts", "{root}/latin1.txt"], "is not UTF-8 text (byte 3 is 0xe9)"),
     (["probe", "{root}/badjson", "tiny-llama", "--text", "hi"], "config.json is not valid JSON"),
     (["probe", "{root}/notok", "tiny-llama", "--text", "hi"], "has no tokenizer"),
-    (["report", "{root}/ds", "--out-dir", "{root}/rep1"], "is not a readable parquet file"),
-    (["report", "{root}/per_token.parquet", "--out-dir", "{root}/rep2"], "per-token table `score-rollouts --out` writes"),
-    (["report", "{root}/ds", "--out-dir", "{root}/latin1.txt"], "is a file, not a folder"),
+    (["report", "{root}/ds", "--out", "{root}/rep1"], "is not a readable parquet file"),
+    (["report", "{root}/per_token.parquet", "--out", "{root}/rep2"], "per-token table `score-rollouts --out` writes"),
+    (["report", "{root}/ds", "--out", "{root}/latin1.txt"], "is a file, not a folder"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--out", "{root}/latin1.txt/r"], "latin1.txt is a file"),
     (["probe", "tiny-llama", "tiny-llama", "--text", "a", "--out", "/proc/mismatch-x/r"], "does not take new files"),
     (["opd", "--pair", "sort-gpt2", "--steps", "2", "--save", "{root}/latin1.txt"], "is a file, not a folder"),
@@ -405,9 +405,9 @@ def test_threads_sets_the_commands_torch_threads(tmp_path, monkeypatch):
         import mismatch.report as report_lib
 
         monkeypatch.setattr(report_lib, "report", lambda *a, **k: [] if seen.setdefault("threads", torch.get_num_threads()) else [])
-        res = runner.invoke(app, ["report", str(tmp_path), "--out-dir", str(tmp_path / "r"), "--threads", "1"])
+        res = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", "1"])
         assert seen.get("threads") == 1, res.output
-        bad = runner.invoke(app, ["report", str(tmp_path), "--out-dir", str(tmp_path / "r"), "--threads", "0"])
+        bad = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", "0"])
         assert bad.exit_code == 2 and bad.stderr.strip() == "error: --threads must be ≥ 1, got 0"
     finally:
         torch.set_num_threads(before)

@@ -1,4 +1,4 @@
-"""prime-rl's token export and slime's debug rollout data, read by `score_rollouts` and `check --rollouts`, on
+"""prime-rl's token export and slime's debug rollout data, read by `score_rollouts` and `check --dump`, on
 records shaped exactly as each framework writes them (prime-rl `src/prime_rl/trainer/rl/token_export.py`,
 schema 1; slime `slime/observability/rollout_data_utils.py` and `Sample.to_dict`, `slime/utils/types.py`),
 built from real rollouts of a noisy copy of tiny-llama; and truncated samplers (top-p, top-k) detected."""
@@ -282,9 +282,9 @@ def test_slime_rollout_data_is_read_with_torch_safely_and_scored(rollouts, tmp_p
     result = score_rollouts(lm, path)
     assert result.per_token["logp_cand"].tolist() == pytest.approx([v for r in rows for v in r[2]], abs=0)
     assert result.per_token["logp_ref"].tolist() == pytest.approx([v for r in rows for v in r[3]], rel=FP32_REORDER)
-    res = CliRunner().invoke(app, ["check", "tiny-llama", "--rollouts", str(path)])
+    res = CliRunner().invoke(app, ["check", "tiny-llama", "--dump", str(path)])
     assert res.exit_code in (0, 1, 3), res.output  # a verdict, not an error
-    assert "slime" in res.output
+    assert "slime" in res.output and "with rollouts from" in " ".join(res.output.split())  # the dump's sampler named
 
 
 def test_slimes_recorded_nucleus_and_trailing_tool_tokens(rollouts, tmp_path):

@@ -251,14 +251,14 @@ def test_the_check_on_a_dump_of_its_own_calibration_gives_its_numbers(tmp_path):
     records = [DumpRecord(tuple(ids[a & ~m].tolist()), tuple(ids[m].tolist()), tuple(lp[m].tolist()))
                for ids, a, m, lp in zip(ro.batch.input_ids, ro.batch.attention_mask.bool(),
                                         ro.batch.response_mask.bool(), ro.logprobs)]
-    dumped = mismatch.check(lm, None, rollouts=write_rollouts(tmp_path / "cal.jsonl", records),
+    dumped = mismatch.check(lm, None, dump=write_rollouts(tmp_path / "cal.jsonl", records),
                             thresholds={"mismatch_kl": 10.0}, seed=3, presets=("slime",))
     assert dumped.calibration["tokens"] == direct.calibration["tokens"]
     for a, b in zip(dumped.decisions, direct.decisions):
         assert (a.metric, a.status) == (b.metric, b.status)
         assert a.value == pytest.approx(b.value, rel=1e-4)
         assert (a.low, a.high) == pytest.approx((b.low, b.high), rel=1e-4)
-    assert dumped.rollout.startswith("rollouts:") and dumped.recipe is None and dumped.cost is None
+    assert dumped.from_dump and dumped.recipe is None and dumped.cost is None
 
 
 def _one(**change):
@@ -417,7 +417,7 @@ def test_a_dump_that_may_come_from_another_tokenizer_is_doubted(engine, tmp_path
                for r in records]
     got = score_rollouts(lm, write_rollouts(tmp_path / "other.jsonl", shifted))
     assert got.summary["mismatch_kl"] > 3 and len(got.notes) == 1 and "another tokenizer" in got.notes[0]
-    adm = mismatch.check(lm, None, rollouts=tmp_path / "other.jsonl", thresholds={"mismatch_kl": 10.0})
+    adm = mismatch.check(lm, None, dump=tmp_path / "other.jsonl", thresholds={"mismatch_kl": 10.0})
     assert any("another tokenizer" in n for n in adm.notes)
 
 
@@ -428,8 +428,8 @@ def test_an_explicit_spec_beside_a_dump_is_refused_not_dropped(engine, tmp_path)
     dump = write_rollouts(tmp_path / "d.jsonl", records)
     for spec in ("fp8-e4m3:block128", "int4:group128"):
         with pytest.raises(mismatch.InputError, match="not both"):
-            mismatch.check(lm, spec, rollouts=dump)
-    assert mismatch.check(lm, rollouts=dump, thresholds={"mismatch_kl": 10.0}).rollout == f"rollouts:{dump}"
+            mismatch.check(lm, spec, dump=dump)
+    assert mismatch.check(lm, dump=dump, thresholds={"mismatch_kl": 10.0}).rollout == f"dump:{dump}"
 
 
 def test_a_scored_mask_and_logged_trainer_log_probs_round_trip_and_are_respected(engine, tmp_path):

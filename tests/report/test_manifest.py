@@ -23,7 +23,7 @@ def two_datasets(tmp_path_factory):
 
 
 def _report(src, out, *extra):
-    return runner.invoke(app, ["report", str(src), "--out-dir", str(out), *extra])
+    return runner.invoke(app, ["report", str(src), "--out", str(out), *extra])
 
 
 def _snapshot(folder):
