@@ -369,19 +369,19 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
         ModelNotAvailableError: the spec cannot be resolved without the network.
         InputError: an unknown device, or CUDA asked for where none is present.
     """
-    where = resolve_device(device)  # before reading any weights: a wrong device fails at once
+    resolve_device(device)  # before reading any weights: a wrong device fails at once
     with quiet_loading():
         lm = _load(spec, parse_dtype(dtype), seed)
-    place(lm.model, device, where)
+    place(lm.model, device)
     return lm
 
 
-def place(model: PreTrainedModel, device: str | torch.device, where: torch.device) -> None:
-    """Move a model read on the CPU to `where` (`resolve_device(device)`), or spread it over every CUDA device
-    for `"balanced"` (`mismatch.model.device.spread`)."""
+def place(model: PreTrainedModel, device: str | torch.device) -> None:
+    """Move a model read on the CPU to `device` (`resolve_device`), or spread it over every CUDA device for
+    `"balanced"` (`mismatch.model.device.spread`)."""
     if is_balanced(device):
         spread(model)
-    elif where.type != "cpu":
+    elif (where := resolve_device(device)).type != "cpu":
         model.to(where)
 
 

@@ -451,10 +451,10 @@ def load_member(spec: str, **kwargs) -> LM:
     built = _built_member(spec)
     if built is not None:
         device = kwargs.get("device", "cpu")
-        where = resolve_device(device)
+        resolve_device(device)  # before building the member: a wrong device fails at once
         pair, role = built
         lm = pair_kind(pair).member(pair, role, kwargs.get("dtype", torch.float32))
-        place(lm.model, device, where)
+        place(lm.model, device)
     else:
         lm = load(member_spec(spec), **kwargs)
     return LM(lm.model, lm.tokenizer, os.fspath(spec))

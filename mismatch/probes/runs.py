@@ -194,8 +194,9 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
     texts = texts[:config.max_prompts] if config.max_prompts is not None else texts
     writer = ResultsWriter(out, overwrite=overwrite) if out is not None else None
     base, stamp = _run_columns(config, texts), provenance()
+    placement = BALANCED if is_balanced(device) else where  # what the models are loaded with
     if where.type != "cpu":
-        base["device"] = BALANCED if is_balanced(device) else str(where)
+        base["device"] = str(placement)
 
     def write(c: CandidateResult) -> None:
         if writer is not None:
@@ -206,7 +207,7 @@ def run_probes(config: ProbeConfig, *, out: str | Path | None = None, overwrite:
             writer.finish("probe", rows["run_id"].iloc[0])
 
     with writer if writer is not None else contextlib.nullcontext():  # overwrite takes effect at its end
-        return _probe_all(config, texts, write, say, BALANCED if is_balanced(device) else where)
+        return _probe_all(config, texts, write, say, placement)
 
 
 def _probe_all(config: ProbeConfig, texts: list[str], write: Callable[[CandidateResult], None], say: Status,
