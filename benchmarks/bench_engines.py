@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import mismatch  # noqa: E402
-from mismatch.engines.llamacpp import LlamaCpp, open_engine  # noqa: E402
+from mismatch.rollout.llamacpp import LlamaCpp, open_engine  # noqa: E402
 from mismatch.model.loader import LM  # noqa: E402
 from mismatch.model.generate import encode, read_prompts  # noqa: E402
 

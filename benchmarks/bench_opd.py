@@ -271,7 +271,7 @@ def llamacpp_batched_decode_seconds(run, ids, attn, tokens: int) -> float | None
     except ImportError:
         print("  (llama.cpp row skipped: the optional extra is not installed; `make engines`)")
         return None
-    from mismatch.engines.llamacpp import gguf_file
+    from mismatch.rollout.llamacpp import gguf_file
 
     prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
     n_seq, n_ctx = len(prompts), 512 * len(prompts)

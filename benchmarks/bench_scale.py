@@ -131,7 +131,7 @@ def long_probe() -> int:
 
     import mismatch
     from mismatch.perturb import perturbed
-    from mismatch.probes.core import DEFAULT_CHUNK_TOKENS
+    from mismatch.defaults import DEFAULT_CHUNK_TOKENS
 
     lm = mismatch.load("smollm2-135m")
     gen = torch.Generator().manual_seed(0)

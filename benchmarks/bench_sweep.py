@@ -92,7 +92,8 @@ def batching_ceiling(groups: int = 8, batch: int = 64) -> None:
 
     from mismatch.model.generate import generate
     from mismatch.opd import OPDConfig
-    from mismatch.opd.trainer import _hidden, opd_step, setup, teacher_hidden
+    from mismatch.model.generate import response_hidden
+    from mismatch.opd.trainer import opd_step, setup, teacher_hidden
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -111,7 +112,7 @@ def batching_ceiling(groups: int = 8, batch: int = 64) -> None:
             sampled = [generate(pair.student, c, max_new_tokens=pair.max_new_tokens, temperature=1.0, seed=1) for c in chunks]
 
             def student(b):
-                _hidden(pair.student.model, b).sum().backward()
+                response_hidden(pair.student.model, b).sum().backward()
 
             parts[name] = (_seconds(lambda: [generate(pair.student, c, max_new_tokens=pair.max_new_tokens, temperature=1.0,
                                                       seed=1) for c in chunks]),

@@ -13,7 +13,7 @@ its one-line error and the rest still run):
     (the real FP8 GEMM, a bf16 trainer), its decision, statistic and wall time, beside the committed CPU
     answer (experiments/admission_example/fp8_kernel_bf16.json) where MODEL is smollm2-135m;
   * `rollout_speed`: generation tokens/s of MODEL in bf16 and under the real-FP8 copy (the cost model's
-    measured branch, `mismatch.rollout_cost.measured_cost`), on CUDA only;
+    measured branch, `mismatch.rollout.cost.measured_cost`), on CUDA only;
   * `scale_check`: the same check on benchmarks/bench_scale.py's 1.71B-parameter random-init bf16 checkpoint
     (built once on the CPU, ~1 minute), its wall time and the GPU's peak memory, on CUDA only.
 Then commit the JSON's numbers to docs/benchmarks.md. Without CUDA and without `--device cpu` it says so in
@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_TESTS = ["tests/model/test_device.py", "tests/perturb/test_fp8_gemm.py", "tests/test_rollout_cost.py"]
+CUDA_TESTS = ["tests/model/test_device.py", "tests/perturb/test_fp8_gemm.py", "tests/rollout/test_cost.py"]
 PROMPTS = ["Why is the sky blue?", "Name three prime numbers.", "What is a hash table?", "Write a haiku about rain."]
 
 
@@ -117,7 +117,7 @@ def rollout_speed(model: str) -> dict:
     import torch
 
     import mismatch
-    from mismatch.rollout_cost import measured_cost
+    from mismatch.rollout.cost import measured_cost
 
     if not torch.cuda.is_available():
         return {"skipped": "needs CUDA (the cost model's measured branch)"}

@@ -17,9 +17,8 @@ import math
 
 import torch
 
+from mismatch.defaults import DEFAULT_CLIP
 from mismatch.errors import InputError
-
-DEFAULT_CLIP = 2.0  # is_ratio_outside_frac counts importance ratios outside [1/clip, clip] (verdicts, gates, probes)
 
 VERL_VERSION = "0.9.1"  # the verl release whose `rollout_corr/…` definitions `rollout_stats` follows
 SAFETY_BOUND = 20.0  # verl clamps log ratios to ±20 before exponentiating (rollout_corr_helper.SAFETY_BOUND)
@@ -95,7 +94,7 @@ def sampled_summary(logp_ref_N: torch.Tensor, logp_cand_N: torch.Tensor, seq_N: 
                     ) -> dict[str, float]:
     """The summary statistics that need only the sampled tokens' log-probs (`[N]` each, nats) and
     their sequences (`[N]`), in float64: what an engine's rollout dump supports
-    (`mismatch.engines.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
+    (`mismatch.dumps.score_rollouts`) and part of every probe's summary. Keys: tokens, sequences,
     k3_mean, logp_abs_diff_mean/max, is_ratio_outside_frac, chi2_token (`log_ratio_stats` under
     `PROBE_NAMES`), seq_log_ratio_abs_mean, ppl_cand_over_ref, is_ess, dp_rms (docs/design.md, and this
     module's docstring)."""

@@ -44,9 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-import torch
 from filelock import FileLock
-import transformers
 
 from mismatch.errors import InputError
 from mismatch.files import atomic_write, check_writable
@@ -72,7 +70,11 @@ def _git_sha() -> str:
 
 def provenance() -> dict[str, str]:
     """Versions, git sha, torch's intra-op thread count (fp32 sums depend on it in the last bits)
-    and UTC timestamp (the `PROVENANCE` columns) to stamp on every result row."""
+    and UTC timestamp (the `PROVENANCE` columns) to stamp on every result row. Whoever writes rows has
+    torch loaded; a reader of results never does (imported here, not at the top)."""
+    import torch
+    import transformers
+
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return dict(zip(PROVENANCE, (__version__, torch.__version__, transformers.__version__, _git_sha(),
                                  torch.get_num_threads(), now)))

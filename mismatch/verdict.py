@@ -108,3 +108,22 @@ class Tolerance:
 
 
 DEFAULT_TOLERANCE = Tolerance()
+
+
+# ---------------------------------------------------------------- a run's rows
+
+DIVERGED_FACTOR = 1.5  # a run whose final held-out KL exceeds 1.5 × its step-0 value has diverged
+
+
+def final_value(rows: list[dict], metric: str, *, at_most: float = math.inf) -> float:
+    """The metric's value at the last step (≤ `at_most`) that recorded it (NaN if none did)."""
+    values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric and r["step"] <= at_most]
+    return max(values)[1] if values else math.nan
+
+
+def diverged(rows: list[dict]) -> bool:
+    """Whether the run's last held-out reverse KL is above `DIVERGED_FACTOR` × its step-0 one (it got
+    worse than where it started, by far: the student collapsed); False without both evaluations."""
+    start = [r["value"] for r in rows if r["metric"] == "heldout_rkl" and r["step"] == 0]
+    end = final_value(rows, "heldout_rkl")
+    return bool(start) and end == end and end > DIVERGED_FACTOR * start[0]

@@ -80,3 +80,25 @@ def smollm2():
 
 def random_ids(batch: int, length: int, seed: int = 0, low: int = 3, high: int = 259) -> torch.Tensor:
     return torch.randint(low, high, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- result rows made by hand
+
+STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
+         "timestamp": "2026-01-01T00:00:00+00:00"}  # the provenance of rows no run wrote
+
+
+def opd_rows(config, metrics: dict[str, dict[int, float]], *, columns=None):
+    """An OPD run's tidy rows as `mismatch.opd.runs` writes them — `{"step", "metric", "value"}` per step
+    (`trainer.train`'s records), `level="step"`, through `mismatch.results.tidy` — from `{metric: {step:
+    value}}`. `columns(config)`: the run's columns (default `dataclasses.asdict`; `mismatch.opd.runs.run_columns`
+    adds what a written run carries, such as the pair's digest)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from mismatch.results import tidy
+
+    rows = [{"step": s, "metric": m, "value": v} for m, by_step in metrics.items() for s, v in by_step.items()]
+    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=(columns or dataclasses.asdict)(config),
+                stamp=STAMP)

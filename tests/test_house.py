@@ -16,6 +16,12 @@ def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     return out
 
 
+def _typing_only(tree: ast.AST) -> set[int]:
+    """Ids of the nodes inside `if TYPE_CHECKING:` blocks: annotations only, never imported at run time."""
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+            and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+
+
 HEAVY = {"torch", "numpy", "pandas", "pyarrow", "transformers", "matplotlib"}  # what computing needs
 
 
@@ -26,8 +32,7 @@ def test_the_cli_is_thin():
     for path in paths:
         imported = set()
         tree = ast.parse(path.read_text())
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+        typing_only = _typing_only(tree)
         for node in ast.walk(tree):
             if id(node) in typing_only:  # annotations only: never imported at run time
                 continue
@@ -54,10 +59,15 @@ def test_every_command_goes_through_the_one_error_handler():
 
 def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Modules of the package that `module` imports, at module level or inside functions (a deferred
-    import is how a cycle hides: it still ties the two modules together)."""
+    import is how a cycle hides: it still ties the two modules together); not those imported for
+    annotations only (`if TYPE_CHECKING:`), which never run."""
     out = set()
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = _typing_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -118,7 +128,7 @@ def test_importing_mismatch_changes_no_environment_variable():
     env = {k: v for k, v in os.environ.items() if k not in ours}
     code = ("import os, json; import torch, transformers.modeling_utils; before = dict(os.environ); "
             "import mismatch, mismatch.admission, mismatch.cli.app, mismatch.probes.runs, mismatch.opd.trainer, "
-            "mismatch.sweep, mismatch.report, mismatch.engines; import mismatch.perturb.backends as b; "
+            "mismatch.sweep, mismatch.report, mismatch.dumps; import mismatch.perturb.backends as b; "
             "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
@@ -128,7 +138,7 @@ def test_reports_read_results_and_instantiate_no_model():
     """`mismatch/report/` imports neither torch nor transformers nor the modules that load, build or train
     models: what a report needs (cost factors, sizes) is on the rows."""
     builders = {"mismatch.model.loader", "mismatch.pairs.build", "mismatch.opd.trainer", "mismatch.probes.core",
-                "mismatch.probes.runs", "mismatch.engines.llamacpp"}
+                "mismatch.probes.runs", "mismatch.rollout.llamacpp"}
     modules = _modules()
     reports = {m: p for m, p in modules.items() if m.startswith("mismatch.report")}
     assert len(reports) >= 8  # the premise: the report modules are read
@@ -138,3 +148,63 @@ def test_reports_read_results_and_instantiate_no_model():
         third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
             n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         assert not found & builders and not third & {"torch", "transformers"}, (module, found & builders)
+
+
+def design_layers(path: Path = PACKAGE.parent / "docs" / "design.md") -> dict[str, int]:
+    """The package map of docs/design.md (its one copy): each room (`model`, `errors`, …) → its layer."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index("### Layers"):text.index("### Two call paths")]
+    layers = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in cells[1].split(","):
+                layers[name.strip().strip("`").removesuffix("/").removesuffix(".py")] = int(cells[0])
+    return layers
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_import_keeps_the_layers_the_design_page_promises():
+    """The layers of docs/design.md hold: every module of the tree has its row, no row names a module the
+    tree lacks, and every import (at module level or deferred, not typing-only) goes to the same or a lower
+    layer — so no arrow runs up, directly or through others."""
+    layers = design_layers()
+    modules = _modules()
+    rooms = {_room(m) for m in modules} - {""}
+    assert len(layers) >= 20 and rooms == set(layers), (sorted(rooms - set(layers)), sorted(set(layers) - rooms))
+    upward = sorted({(m, d) for m, p in modules.items() if m != "mismatch" for d in _imports(m, p, modules)
+                     if _room(d) and layers[_room(d)] > layers[_room(m)]})
+    assert upward == [], "imports that run up the layers: " + ", ".join(f"{m} -> {d}" for m, d in upward)
+
+
+def test_reading_results_imports_no_torch():
+    """`import mismatch.report` (and the analysis, the fitted limits, the pair catalogue, the rollout spec)
+    leaves torch and transformers unloaded, in a fresh process: reports build where no torch is installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import mismatch.report, mismatch.analysis.tolerance, mismatch.analysis.length, "
+            "mismatch.admission.thresholds, mismatch.pairs.catalog, mismatch.rollout.spec, mismatch.opd.config; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    premise = subprocess.run([sys.executable, "-c", "import sys, mismatch.opd.trainer; print('torch' in sys.modules)"],
+                             capture_output=True, text=True, check=True)
+    assert premise.stdout.strip().splitlines()[-1] == "True"  # the check can see torch when it is loaded
+
+
+def test_every_module_has_its_api_page():
+    """Each module of the package is rendered on one page of docs/api (mkdocstrings' `::: module`), the CLI
+    aside (documented by `--help`); no page renders a module the tree lacks."""
+    import re
+
+    pages = sorted((PACKAGE.parent / "docs" / "api").glob("*.md"))
+    rendered = {m for p in pages for m in re.findall(r"^::: (\S+)$", p.read_text(encoding="utf-8"), re.M)}
+    modules = {m for m in _modules() if not m.startswith("mismatch.cli") and m != "mismatch"}
+    packages = {m for m, p in _modules().items() if p.name == "__init__.py"}
+    assert len(rendered) > 60  # the premise: the pages were read
+    assert sorted(modules - rendered - packages) == [] and sorted(rendered - set(_modules())) == []

@@ -12,10 +12,8 @@ from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
 from mismatch.probes.runs import rows_of
 from mismatch.results import FRONT, ResultsWriter, per_layer, read_results, run_id, summaries, tidy
-from tests.conftest import random_ids
+from tests.conftest import opd_rows, random_ids
 
-STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
-         "timestamp": "2026-01-01T00:00:00+00:00"}
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +26,7 @@ def _probe(result, **config):
 
 
 def _opd(config: OPDConfig, values: dict[int, float]):
-    rows = pd.DataFrame([{"step": s, "metric": "heldout_rkl", "value": v} for s, v in values.items()])
-    return tidy(rows.assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+    return opd_rows(config, {"heldout_rkl": values})
 
 
 @pytest.mark.parametrize("dest", ["dir", "r.parquet", "r.csv"])

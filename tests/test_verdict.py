@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mismatch.admission.judge import combine_status, decide
+from mismatch.admission.decision import combine_status, decide
 from mismatch.admission.gates import Gate
 from mismatch.verdict import (ADMISSION_WORDS, TOLERANCE_WORDS, Tolerance, Verdict, combine, from_word,
                               interval_verdict, mean_interval_verdict)

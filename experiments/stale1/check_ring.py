@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 import mismatch
 from mismatch.opd import trainer as recipe
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.ring import RolloutCopy
+from mismatch.rollout.copy import RolloutCopy
 
 STEPS = 8
 base = OPDConfig(pair="sort-gpt2", steps=STEPS, batch_size=32, eval_prompts=64, eval_every=4)

@@ -10,6 +10,7 @@ import argparse, copy, dataclasses, json, math, os, sys, time
 import torch
 torch.set_num_threads(1)
 import mismatch
+from mismatch.model.generate import response_hidden
 from mismatch.opd import trainer as recipe
 from mismatch.opd.config import OPDConfig, lr_factor
 from mismatch.model.head import Head, logprob_chunks
@@ -41,7 +42,7 @@ extra = {"step_kl": {}, "diag": [], "upd_cos": {}, "upd_norm": {}}
 
 def full_logp(model, batch):
     with torch.no_grad():
-        h = recipe._hidden(model, batch)
+        h = response_hidden(model, batch)
         return torch.cat([lp for _, lp in logprob_chunks(Head.of(model), h, 4096)])
 
 orig_setup, orig_update, orig_sample = recipe.setup, recipe.update, recipe.sample_rollouts

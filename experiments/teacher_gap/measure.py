@@ -1,5 +1,5 @@
 """The teacher-side candidate for the committed study's runs (issue 34 §1): each static run's rollout copy
-judged by the teacher at step 0, `copy_heldout_rkl` (`mismatch.opd.trainer.copy_heldout_rkl`, which new runs
+judged by the teacher at step 0, `copy_heldout_rkl` (`mismatch.opd.evaluate.copy_heldout_rkl`, which new runs
 record themselves), written as that run's own rows so that `mismatch report` and `make thresholds` read it
 beside them.
 
@@ -25,10 +25,11 @@ import pandas as pd
 import torch
 
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.trainer import copy_heldout_rkl, setup
+from mismatch.opd.evaluate import copy_heldout_rkl
+from mismatch.opd.trainer import setup
 from mismatch.pairs import load_pair
 from mismatch.results import read_results
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout.spec import RolloutSpec
 
 KEY = ["pair", "rollout", "layers", "seed", "eval_prompts", "max_new_tokens", "eval_probe", "chunk_tokens"]
 FIELDS = [f.name for f in dataclasses.fields(OPDConfig)]

@@ -34,7 +34,7 @@ PAIR = "sort-gpt2"
 def evaluate(pair, model, seed: int) -> dict[str, float]:
     """The toolkit's evaluation of `model` as the student: expected exact match (exact) and held-out reverse KL."""
     from mismatch.model.loader import LM
-    from mismatch.opd.trainer import EVAL_SEED_OFFSET, heldout_rkl
+    from mismatch.opd.evaluate import EVAL_SEED_OFFSET, heldout_rkl
     from mismatch.pairs.evaluate import expected_accuracy
 
     was = model.training
@@ -110,7 +110,7 @@ def run_opd(seed: int) -> dict:
 def summarize() -> None:
     import numpy as np
 
-    from mismatch.opd.tolerance import t_interval
+    from mismatch.analysis.tolerance import t_interval
 
     runs = [json.loads(line) for line in (HERE / "runs.jsonl").read_text().splitlines() if line.strip()]
     print("| engine | seeds | step | expected EM (%) mean ± 95% CI | held-out rKL (nats) mean ± 95% CI | wall s/run |")
@@ -131,7 +131,7 @@ def plot(path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mismatch.opd.tolerance import t_interval
+    from mismatch.analysis.tolerance import t_interval
 
     runs = [json.loads(line) for line in (HERE / "runs.jsonl").read_text().splitlines() if line.strip()]
     labels = {"opd": "mismatch's OPD loop", "trl-fixed": "TRL, generation's positions (default here)",

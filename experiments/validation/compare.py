@@ -6,12 +6,12 @@ The cases are sweeps/validation.toml's: rollout copies the thresholds were never
 `mismatch check` before any OPD run of it (experiments/admission_example/, written by its run.sh), then trained
 against the study's clean twins (full-rkl, lr 3e-5, 40 steps, 3 seeds). Their runs are compacted apart
 (experiments/validation/validation.parquet, `compact.py --only sweeps/validation.toml`) so that `make thresholds`
-never fits on them; the verdicts are the study's own analysis (`mismatch.opd.tolerance.analyse`) of those runs
+never fits on them; the verdicts are the study's own analysis (`mismatch.analysis.tolerance.analyse`) of those runs
 together with the study's (the pair's A/A runs set the basis of each interval, as in reports/).
 
 The check agrees with the study where it admits a tolerated level or rejects a not-tolerated one; an undecided
 level (the study's interval straddles its threshold) neither confirms nor refutes it, and is said so, with
-whether its means kept up with clean (`mismatch.opd.tolerance.kept_up`: a direction, not a verdict).
+whether its means kept up with clean (`mismatch.analysis.tolerance.kept_up`: a direction, not a verdict).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.tolerance import analyse, kept_up
+from mismatch.analysis.tolerance import analyse, kept_up
 from mismatch.verdict import DEFAULT_TOLERANCE
 
 HERE = Path(__file__).resolve().parent

@@ -1,12 +1,21 @@
 """The admission check: is a cheaper rollout configuration safe for a model, and if not, which
-layers must stay in high precision (recipes, exported to vLLM / llm-compressor), at what cost."""
+layers must stay in high precision (recipes, exported to vLLM / llm-compressor), at what cost.
+Names load on first use: the fitted limits (`thresholds`, `limits`, `transfer`) import no torch."""
 
-from mismatch.admission.calibration import CalibrationSettings  # noqa: E402
-from mismatch.admission.checker import Admission, Pipeline, check  # noqa: E402
-from mismatch.admission.judge import Decision, judge  # noqa: E402
-from mismatch.admission.lagged import LagMeasurement, TrainerSettings, measure_lag  # noqa: E402
-from mismatch.admission.gates import PRESETS, Gate, rollout_stats  # noqa: E402
-from mismatch.admission.thresholds import Thresholds, fit_thresholds, load_thresholds  # noqa: E402
+from mismatch.lazy import lazy
 
-__all__ = ["Admission", "CalibrationSettings", "Decision", "Pipeline", "check", "judge", "PRESETS", "Gate", "rollout_stats", "Thresholds", "fit_thresholds",
-           "load_thresholds", "LagMeasurement", "TrainerSettings", "measure_lag"]
+__getattr__, __dir__ = lazy(globals(), {
+    "CalibrationSettings": "mismatch.admission.calibration",
+    "Admission": "mismatch.admission.checker", "Pipeline": "mismatch.admission.checker",
+    "check": "mismatch.admission.checker",
+    "Decision": "mismatch.admission.decision", "judge": "mismatch.admission.decision",
+    "LagMeasurement": "mismatch.admission.lagged", "TrainerSettings": "mismatch.admission.lagged",
+    "measure_lag": "mismatch.admission.lagged",
+    "PRESETS": "mismatch.admission.gates", "Gate": "mismatch.admission.gates",
+    "rollout_stats": ("mismatch.metrics", "rollout_stats"),
+    "Thresholds": "mismatch.admission.thresholds", "fit_thresholds": "mismatch.admission.thresholds",
+    "load_thresholds": "mismatch.admission.thresholds",
+})
+__all__ = ["Admission", "CalibrationSettings", "Decision", "Pipeline", "check", "judge", "PRESETS", "Gate",
+           "rollout_stats", "Thresholds", "fit_thresholds", "load_thresholds", "LagMeasurement", "TrainerSettings",
+           "measure_lag"]

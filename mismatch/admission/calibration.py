@@ -12,7 +12,7 @@ from pathlib import Path
 from mismatch.errors import InputError
 from mismatch.model.generate import encode, read_prompts
 from mismatch.model.loader import LM, context_length
-from mismatch.pairs.registry import PAIRS
+from mismatch.pairs.catalog import PAIRS
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt"
 

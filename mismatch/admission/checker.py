@@ -26,8 +26,8 @@ second time against the limit lowered by the source's drift margin (the peak rat
 largest): above it, and not rejected, the answer is uncertain.
 
 `check(model, rollout=None, dump=FILE)` judges a real engine instead: its rollout dump (sampled
-tokens with the engine's own log-probs, `mismatch.engines`) is the calibration set, scored by the
-model teacher-forced (`mismatch.engines.score_rollouts`); no recipe and no cost (there is no spec).
+tokens with the engine's own log-probs, `mismatch.dumps`) is the calibration set, scored by the
+model teacher-forced (`mismatch.dumps.score_rollouts`); no recipe and no cost (there is no spec).
 """
 
 from __future__ import annotations
@@ -42,25 +42,25 @@ import torch
 
 from mismatch.admission.calibration import (CalibrationSettings, calibration_prompts, response_budget,
                                             small_calibration_notes, wanted_tokens)
-from mismatch.rollout_cost import measured_cost, rollout_cost
+from mismatch.rollout.cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
-from mismatch.admission.judge import Decision, combine_status, decide, judge, resolve_gates
+from mismatch.admission.decision import Decision, combine_status, decide, judge, resolve_gates
 from mismatch.admission.lagged import TrainerSettings, measure_lag
 from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
-from mismatch.engines import score_rollouts
-from mismatch.engines.source import open_source
+from mismatch.dumps import score_rollouts
+from mismatch.rollout.source import open_source
 from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
 from mismatch.model.loader import LM, parse_dtype
 from mismatch.model.device import model_device
-from mismatch.pairs.registry import check_same_vocabulary, load_member
+from mismatch.pairs.load import check_same_vocabulary, load_member
 from mismatch.perturb import parse_spec, select
 from mismatch.probes.core import probe, reference
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout.spec import RolloutSpec
 from mismatch.opd.precision import trainer_precision
-from mismatch.metrics import DEFAULT_CLIP
+from mismatch.defaults import DEFAULT_CLIP
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 # With `offload=None` the rollout copy's originals leave memory while it runs when the model's parameters take at
@@ -147,7 +147,7 @@ def _words(settings: str) -> set[str]:
 
 
 def _settings_words(trainer: TrainerSettings) -> set[str]:
-    """The trainer settings as the study's settings text writes them (`mismatch.opd.tolerance.short_text`)."""
+    """The trainer settings as the study's settings text writes them (`mismatch.analysis.tolerance.short_text`)."""
     return _words(trainer.describe())
 
 
@@ -222,7 +222,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         recipe: True: search a mixed-precision recipe (`mismatch.admission.recipe`) whatever the answer;
             None (default): search one when the first (fitted) gate rejects, against that gate; False: never
             (the search probes every block alone: minutes on a real checkpoint).
-        dump: instead of a spec, an engine's rollout dump (`mismatch.engines`: sampled responses with
+        dump: instead of a spec, an engine's rollout dump (`mismatch.dumps`: sampled responses with
             the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
         teacher: the OPD teacher (a model spec or an LM): with it a lag or reuse is measured on `model`

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 from mismatch.errors import InputError
 from mismatch.verdict import Verdict, interval_verdict
-from mismatch.metrics import rollout_stats  # noqa: F401  (the statistics these gates read, defined there)
 
 @dataclass(frozen=True)
 class Gate:

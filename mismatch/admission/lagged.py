@@ -25,8 +25,8 @@ from mismatch.model.loader import LM
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.losses import get_loss
 from mismatch.opd.precision import trainer_precision
-from mismatch.opd.tolerance import t_interval
-from mismatch.pairs.registry import Pair
+from mismatch.analysis.tolerance import t_interval
+from mismatch.pairs.load import Pair
 
 
 @dataclass(frozen=True)

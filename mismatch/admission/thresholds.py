@@ -9,7 +9,7 @@ check computes too). Staleness and reuse measure 0 there by construction (no upd
 behind), so they are not fitted: their verdicts are carried over as the study measured them
 (`Thresholds.lagged`).
 
-Labels come from the study's tolerance analysis (`mismatch.opd.tolerance`): the level's interval
+Labels come from the study's tolerance analysis (`mismatch.analysis.tolerance`): the level's interval
 verdict over seeds. Only *decided* levels — tolerated or not tolerated — are fitted on; an uncertain
 level is kept among the points (`decided` false) but places no limit, since its label would be a
 coin flip of the seeds (a threshold fitted on means of undecided levels moves with every reseed). Each
@@ -36,8 +36,8 @@ from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS
 from mismatch.admission.transfer import WINDOW, drift_table, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.opd.length import family, is_rung, length_tables
-from mismatch.opd.tolerance import Analysis, analyse
+from mismatch.analysis.length import family, is_rung, length_tables
+from mismatch.analysis.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
@@ -72,7 +72,7 @@ class Thresholds:
     # in-training peak over the first step's value, `levels`, `median`, `largest`) and the `margin` the
     # check lowers the fitted limit by (median / largest): the limit absorbed the median drift, not the worst
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
-    # how the tolerated per-token limit scales with response length (`mismatch.opd.length`: the study's length
+    # how the tolerated per-token limit scales with response length (`mismatch.analysis.length`: the study's length
     # ladders): `b_low`, `b_high` (the exponents of limit ∝ T^b every ladder's brackets allow, the most cautious
     # ends over ladders; None: open), `lengths`, `ladders` (family · loss · settings); empty while none is decided
     length_law: dict = field(default_factory=dict)
@@ -148,7 +148,7 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
     each first-step statistic, the level's tolerance numbers and verdict, `decided` (the verdict is
     tolerated or not tolerated) and `tolerated` (the label: the verdict is tolerated; meaningful only
-    where decided). `runs` / `levels`: the rows' `run_table` and `level_table` (`mismatch.opd.tolerance`)."""
+    where decided). `runs` / `levels`: the rows' `run_table` and `level_table` (`mismatch.analysis.tolerance`)."""
     if levels.empty:
         raise InputError("no judged OPD levels in these results: run a study with clean twins first")
     stats = first_step_statistics(rows)

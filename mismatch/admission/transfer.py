@@ -12,11 +12,11 @@ candidates here are measured where every source has its mismatch:
 * `window:seq_kl` — `window:mismatch_kl` × the level's mean response length: the per-sequence mismatch
   (the bias bound of token-level importance sampling grows with it);
 * `copy:kl_fwd_mean`, `copy:tv_mean` — the rollout copy probed against the student over the full vocabulary
-  at the run's first evaluation after step 0 (`mismatch.opd.trainer.probe_copy`; none for reuse, whose
+  at the run's first evaluation after step 0 (`mismatch.opd.evaluate.probe_copy`; none for reuse, whose
   copy is not kept);
 * `gap:heldout_rkl` — the teacher's side: how much worse the rollout copy is than the student at the task,
   in held-out reverse KL to the teacher. A static copy is measured at step 0 (`copy_heldout_rkl` minus the
-  student's `heldout_rkl`, `mismatch.opd.trainer.copy_heldout_rkl`). A lagged copy is the student some
+  student's `heldout_rkl`, `mismatch.opd.evaluate.copy_heldout_rkl`). A lagged copy is the student some
   updates back, so its gap is the progress those updates make: the lag (K for `stale:K`, the mean batch
   age (R−1)/2 for `reuse:R`) times the held-out KL decrease per step of the level's clean twins between
   step 0 and their first evaluation (a linear reading of their curve: what the lag would cost where
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout.spec import RolloutSpec
 
 WINDOW = 10  # update steps after the lag is full that the window statistics average
 COPY_STATISTICS = ("copy_kl_fwd_mean", "copy_tv_mean")
@@ -121,7 +121,7 @@ def teacher_gap(opd: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     """One row per level of a static or lagged source: its verdict, `decided`, `tolerated`, `group`
     (`static` / `lagged`), `response_tokens` and the mean over its seeds of every candidate.
-    `runs` / `levels`: the rows' `run_table` / `level_table` (`mismatch.opd.tolerance.analyse`)."""
+    `runs` / `levels`: the rows' `run_table` / `level_table` (`mismatch.analysis.tolerance.analyse`)."""
     stats = run_statistics(rows, window=window)
     mine = runs[~runs["clean"] & runs["source"].isin([*STATIC_SOURCES, *LAGGED_SOURCES])]
     mine = mine[LEVEL_KEYS + ["run_id"]].join(stats, on="run_id")

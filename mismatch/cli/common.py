@@ -22,6 +22,7 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get 
 Out = Annotated[Path | None, typer.Option("--out", help="Results: a dataset directory or a .parquet/.csv file.")]
 Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead of appending, once the command "
                                                  "has succeeded (a failed or interrupted one removes nothing).")]
+Clip = Annotated[float, typer.Option(help="Importance ratios outside [1/CLIP, CLIP] count in is_ratio_outside_frac.")]
 KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
 Force = Annotated[bool, typer.Option(help="Replace the report of other results that --out holds.")]
@@ -38,7 +39,7 @@ def early(*, models: tuple = (), specs: tuple = (), files: tuple = ()) -> None:
     input files exist (`files`: `(message, path)`, the message the library raises for that file missing, with a
     `{path}` field). Each problem is the library's own one-line error, only sooner."""
     from mismatch.model.catalog import locate
-    from mismatch.rollout_spec import RolloutSpec
+    from mismatch.rollout.spec import RolloutSpec
 
     for model in models:
         if model is not None:

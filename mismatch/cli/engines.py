@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Device, Threads, early, err, out
+from mismatch.defaults import DEFAULT_CLIP
+from mismatch.cli.common import Clip, Device, Threads, early, err, out
 from mismatch.errors import InputError
 from mismatch.files import json_text
 
@@ -24,7 +25,7 @@ def score_rollouts(
              "per-token log-probs), prime-rl's token export (a rank file or a step_S/ folder) or slime's debug "
              "rollout or train data (.pt).")] = None,
     out_path: Annotated[Path | None, typer.Option("--out", help="Write the per-token table (.parquet or .csv).")] = None,
-    clip: Annotated[float, typer.Option(help="IS ratios outside [1/clip, clip] count as outside.")] = 2.0,
+    clip: Clip = DEFAULT_CLIP,
     text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     ref_dtype: Annotated[str, typer.Option(help="The trainer's precision, MODEL's dtype: fp32, bf16 or fp16.")] = "fp32",
@@ -39,8 +40,8 @@ def score_rollouts(
         raise InputError("give the rollouts dump, after the trainer's checkpoint to recompute its log-probs")
     early(models=(model,), files=(("rollouts file not found: {path}", rollouts),))
     from mismatch.cli import tables as console
-    from mismatch.engines import score_rollouts as score_lib
-    from mismatch.engines.score import trainer_side
+    from mismatch.dumps import score_rollouts as score_lib
+    from mismatch.dumps.score import trainer_side
 
     with err.status(f"scoring {rollouts}{'' if model is None else f' with {model}'}…"):
         result = score_lib(model, rollouts, clip=clip, check_text=text_check, out=out_path, ref_dtype=ref_dtype,

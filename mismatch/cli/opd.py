@@ -41,7 +41,7 @@ def opd(
     early(specs=tuple(rollout or ()))
     from mismatch.cli import tables as console
     from mismatch import opd as opd_lib
-    from mismatch.opd.tolerance import run_verdicts
+    from mismatch.analysis.tolerance import run_verdicts
 
     base = opd_lib.OPDConfig(pair=pair, staleness=staleness, layers=layers, loss=loss, steps=steps, lr=lr,
                                batch_size=batch_size, tis_cap=tis_cap, temperature=temperature, top_p=top_p,

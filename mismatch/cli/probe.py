@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Device, Out, Overwrite, Threads, early, err, out
+from mismatch.defaults import DEFAULT_CLIP
+from mismatch.cli.common import Clip, Device, Out, Overwrite, Threads, early, err, out
 
 
 def models() -> None:
@@ -41,7 +42,7 @@ def probe(
     ref_dtype: Annotated[str, typer.Option(help="Reference dtype: fp32, bf16 or fp16.")] = "fp32",
     cand_dtype: Annotated[str, typer.Option(help="Candidate dtype: fp32, bf16 or fp16.")] = "fp32",
     per_layer: Annotated[bool, typer.Option(help="Also compare every layer's hidden states.")] = True,
-    clip: Annotated[float, typer.Option(help="Importance ratios outside [1/clip, clip] are counted.")] = 2.0,
+    clip: Clip = DEFAULT_CLIP,
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 1024,
     out_path: Out = None,
     overwrite: Overwrite = False,

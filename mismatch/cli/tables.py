@@ -98,7 +98,7 @@ def probe_table(config: ProbeConfig, results: list[CandidateResult]) -> Table:
 
 
 def verdict_table(table: pd.DataFrame, *, title: str, tolerance: Tolerance, baseline: bool) -> Table:
-    """`mismatch.opd.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
+    """`mismatch.analysis.tolerance.run_verdicts` as printed by `mismatch opd`: every run, with its verdict (its
     level's over the seeds given: one seed is `uncertain`) when it has a clean baseline."""
     columns = ["rollout", "final held-out rKL (nats)", "final held-out accuracy"]
     if baseline:
@@ -245,7 +245,7 @@ def recipe_text(recipe: dict) -> str:
 def score_table(result) -> Table:
     """The summary of `score_rollouts`: each statistic under the probes' and the frameworks' names, and which
     trainer side it used (logged by the dump, or recomputed by a model)."""
-    from mismatch.engines.score import trainer_side
+    from mismatch.dumps.score import trainer_side
 
     table = Table(title=f"{escape(result.candidate)} scored by {escape(result.reference)}",
                   caption=f"trainer side: {trainer_side(result)}")

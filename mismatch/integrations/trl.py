@@ -15,7 +15,7 @@ for the positions of its training forward, which by default are those the sample
 * Every generation batch's mismatch is measured on its own rollout tokens: the student's log-prob of each
   sampled token (a teacher-forced pass at the current weights, eval mode, no gradient) against the
   copy's (its teacher-forced pass in PyTorch, or the engine's own log-prob). Every statistic the check
-  computes is logged, under the toolkit's names and the frameworks' (`mismatch.admission.judge.statistics`:
+  computes is logged, under the toolkit's names and the frameworks' (`mismatch.admission.decision.statistics`:
   `mismatch_kl`, verl's `rollout_corr/…`, slime's `train/train_rollout_logprob_abs_diff`, NeMo RL's
   `train/token_mult_prob_error`, …), so they land in `trainer.state.log_history` and whatever TRL
   reports to. With `rollout=None` the rollout policy is the student: every mismatch statistic is exactly
@@ -55,15 +55,15 @@ from packaging.version import Version
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 from trl import DistillationTrainer
 
-from mismatch.admission.judge import Decision, judge, resolve_gates, statistics
+from mismatch.admission.decision import Decision, judge, resolve_gates, statistics
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError, MismatchError
 from mismatch.model.generate import Batch, sequence_logprobs
 from mismatch.model.positions import position_ids
-from mismatch.opd.ring import RolloutCopy
-from mismatch.opd.trainer import rollout_seed
-from mismatch.rollout_spec import RolloutSpec
-from mismatch.metrics import DEFAULT_CLIP
+from mismatch.rollout.copy import RolloutCopy
+from mismatch.rollout.copy import rollout_seed
+from mismatch.rollout.spec import RolloutSpec
+from mismatch.defaults import DEFAULT_CLIP
 
 log = logging.getLogger("mismatch")
 ON_VIOLATION = ("warn", "stop")
@@ -269,7 +269,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
         TRLVersionError: the installed TRL's trainer lacks an attribute this class reads (`ATTRIBUTES`).
 
     Attributes:
-        rollout_copy: the `mismatch.opd.ring.RolloutCopy` that samples (None with `rollout=None`).
+        rollout_copy: the `mismatch.rollout.copy.RolloutCopy` that samples (None with `rollout=None`).
         gate_records: every `GateRecord`, in order.
         last_rollout: the latest generation batch as a `mismatch.model.generate.Batch` (prompt and
             completion tokens, left-padded prompts) with `(logp_train_N, logp_rollout_N)` of its completion

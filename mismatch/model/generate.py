@@ -19,7 +19,8 @@ from mismatch.model.device import model_device, seeded
 from mismatch.model.packed_linear import packed_linears
 from mismatch.errors import InputError
 from mismatch.files import read_text
-from mismatch.model.head import DEFAULT_CHUNK_TOKENS, Head, head_inputs, logprob_chunks
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS
+from mismatch.model.head import Head, head_inputs, logprob_chunks
 from mismatch.model.loader import LM
 from mismatch.model.positions import response_index, scorable
 
@@ -263,3 +264,10 @@ def reprompt(batch: Batch, tokenizer, prompts: list[str], *, chat: bool,
     resp_mask = batch.response_mask[:, -width:]
     return Batch(torch.cat([prompt_ids, resp_ids], 1), torch.cat([prompt_attn, resp_mask], 1),
                  torch.cat([torch.zeros_like(prompt_attn), resp_mask], 1), tuple(prompts))
+
+
+def response_hidden(model, batch: Batch, *, share_prefix: bool = False) -> torch.Tensor:
+    """The head inputs `[N, D]` of `model` at the positions predicting `batch`'s response tokens, in order
+    (`head_inputs`; `share_prefix`: the tokens every row starts with run once)."""
+    return head_inputs(model, batch.input_ids, batch.attention_mask, response_index(batch.response_mask),
+                       share_prefix=share_prefix).rows_ND

@@ -21,7 +21,6 @@ from mismatch.model.device import model_device
 from mismatch.model.layout import capture, model_layout
 from mismatch.model.positions import position_ids
 
-DEFAULT_CHUNK_TOKENS = 1024  # rows per head matmul: the head weights are streamed once per chunk
 CACHE_ROWS = 16  # rows per pass of elementwise work over [rows, V] fp32 (metrics, OPD losses): stays in cache
 
 

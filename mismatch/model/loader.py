@@ -67,11 +67,14 @@ _DTYPES = {
 
 @dataclass(frozen=True)
 class LM:
-    """A causal LM with its tokenizer and the spec it was loaded from."""
+    """A causal LM with its tokenizer and the spec it was loaded from (`name`, as the caller gave it:
+    `PAIR:student` too), and `source`: the built-in name, checkpoint directory or hub id its weights were
+    read from (None: built in memory)."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     name: str
+    source: str | None = None
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -398,4 +401,4 @@ def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
     else:  # PAIR:ROLE reaches here only from outside the pair registry (`mismatch.load` resolves it first)
         raise unknown_model(spec)
     model.eval()
-    return LM(model=model, tokenizer=tokenizer, name=spec)
+    return LM(model=model, tokenizer=tokenizer, name=spec, source=spec)

@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from mismatch.defaults import DEFAULT_CLIP
 from mismatch.errors import InputError
 
-CLIP = 2.0  # the shipped limits' mismatch_is_ratio_outside_frac counts r outside [1/2, 2]: the check's and OPD's clip
 TOOLKIT = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
            "mismatch_is_ratio_outside_frac")  # the check's own statistics, under their own names
 
@@ -174,13 +174,13 @@ def verl_is_bounds(spec: object) -> tuple[float, float]:
 
 def _calibrated_bounds(get: Get) -> bool:
     lower, upper = verl_is_bounds(get(VERL_IS_THRESHOLD))
-    return math.isclose(lower, 1.0 / CLIP, rel_tol=1e-12) and math.isclose(upper, CLIP, rel_tol=1e-12)
+    return math.isclose(lower, 1.0 / DEFAULT_CLIP, rel_tol=1e-12) and math.isclose(upper, DEFAULT_CLIP, rel_tol=1e-12)
 
 
 def _other_bounds(get: Get) -> str:
     lower, upper = verl_is_bounds(get(VERL_IS_THRESHOLD))
     return (f"shares of tokens with r outside [{lower:.3g}, {upper:.3g}] (rollout_is_threshold), not the calibrated "
-            f"[{1 / CLIP:.3g}, {CLIP:.3g}]")
+            f"[{1 / DEFAULT_CLIP:.3g}, {DEFAULT_CLIP:.3g}]")
 
 
 _VERL_SHARES = ("rollout_corr/rollout_is_ratio_fraction_high", "rollout_corr/rollout_is_ratio_fraction_low")
@@ -294,9 +294,9 @@ NAMES: tuple[Name, ...] = (
              f"shares of sequences whose ∏ r lies outside the threshold's bounds ({_HELPER}:578-586, 704-718): "
              "a sequence-level share, not a token one"),
         Case(lambda get: get(VERL_ROLLOUT_IS) == "token" and _calibrated_bounds(get),
-             f"rollout_is = token, rollout_is_threshold = {CLIP:g}",
-             f"share of tokens with r > {CLIP:g} plus share with r < {1 / CLIP:g} ({_HELPER}:720-733): the "
-             f"check's clip {CLIP:g}", "mismatch_is_ratio_outside_frac", _sum),
+             f"rollout_is = token, rollout_is_threshold = {DEFAULT_CLIP:g}",
+             f"share of tokens with r > {DEFAULT_CLIP:g} plus share with r < {1 / DEFAULT_CLIP:g} ({_HELPER}:720-733): the "
+             f"check's clip {DEFAULT_CLIP:g}", "mismatch_is_ratio_outside_frac", _sum),
         Case(lambda get: get(VERL_ROLLOUT_IS) == "token", "rollout_is = token, another rollout_is_threshold",
              _other_bounds),
         Case(_always, "another rollout_is", lambda get: f"rollout_is = {get(VERL_ROLLOUT_IS)!r}: not a level verl "

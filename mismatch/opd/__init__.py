@@ -1,10 +1,12 @@
-"""On-policy distillation under training–inference mismatch: losses (`losses`), the rollout copy
-with stale weights (`ring`), the run's configuration (`config`), the trainer (`trainer`), tolerance across seeds (`tolerance`),
-planning and running several runs into a results dataset (`runs`), verdicts (`verdict`)."""
+"""On-policy distillation under training–inference mismatch: the run's configuration (`config`), its losses
+(`losses`), the trainer (`trainer`), the student's fp32 masters (`precision`), planning and running several
+runs into a results dataset (`runs`). The rollout copy is `mismatch.rollout.copy`; verdicts across runs and
+seeds are `mismatch.analysis`. Names load on first use: `import mismatch.opd` imports no torch."""
 
-from mismatch.opd.config import OPDConfig
-from mismatch.opd.trainer import save_student, train
-from mismatch.opd.runs import label, plan, run_all
-from mismatch.opd.verdict import verdict_table
+from mismatch.lazy import lazy
 
-__all__ = ["OPDConfig", "train", "save_student", "plan", "run_all", "label", "verdict_table"]
+__getattr__, __dir__ = lazy(globals(), {
+    "OPDConfig": "mismatch.opd.config", "train": "mismatch.opd.trainer", "save_student": "mismatch.opd.trainer",
+    "plan": "mismatch.opd.runs", "run_all": "mismatch.opd.runs",
+})
+__all__ = ["OPDConfig", "train", "save_student", "plan", "run_all"]

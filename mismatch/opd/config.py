@@ -18,11 +18,8 @@ import numpy as np
 import pandas as pd
 
 from mismatch.errors import InputError
-from mismatch.metrics import DEFAULT_CLIP
-from mismatch.model.device import is_balanced, resolve_device
-from mismatch.model.head import DEFAULT_CHUNK_TOKENS
-from mismatch.opd.losses import get_loss
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_CLIP
+from mismatch.rollout.spec import RolloutSpec, rollout_label
 
 ROLLOUT_FIELDS = ("rollout", "staleness", "layers")  # the rollout copy: spec, lag K, perturbation scope
 TRAINER_DTYPES = ("fp32", "bf16")  # `ref_dtype`: fp16 would need loss scaling, which no run here models
@@ -36,7 +33,7 @@ class OPDConfig:
     """One OPD run. Flattens to result columns (`dataclasses.asdict`)."""
 
     pair: str
-    rollout: str = "none"  # what generates the rollouts (`mismatch.rollout_spec`): a spec, engine:…, stale:K, reuse:R, none
+    rollout: str = "none"  # what generates the rollouts (`mismatch.rollout.spec`): a spec, engine:…, stale:K, reuse:R, none
     staleness: int = 0  # K: rollouts from weights K optimizer steps old
     layers: str = "linear"  # scope of the rollout perturbation
     loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (docs/opd.md)
@@ -78,6 +75,11 @@ class OPDConfig:
             if field.type.split(" | ")[0] in ("int", "float") and value is not None and (
                     isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise InputError(f"{field.name} must be a number, got {value!r}")
+        # what is checked against torch (the registered losses, the devices present) is imported here: reading a
+        # config's fields and comparing runs (`mismatch.analysis`) needs no torch
+        from mismatch.model.device import is_balanced, resolve_device
+        from mismatch.opd.losses import get_loss
+
         get_loss(self.loss)  # an unknown loss: one line naming the registered ones
         if self.ref_dtype not in TRAINER_DTYPES:
             raise InputError(f"ref_dtype must be one of {', '.join(TRAINER_DTYPES)} (the trainer's precision), "
@@ -124,6 +126,11 @@ class OPDConfig:
         """The clean run (`RolloutSpec.is_clean`; a clean-equivalent rollout is stored as `none`)."""
         return self.rollout_spec.is_clean
 
+    @property
+    def label(self) -> str:
+        """The run's rollout label (`clean`, `fp8-e4m3`, `stale:4`, `int4:group128 [attn]`: `rollout_label`)."""
+        return rollout_label(dataclasses.asdict(self))
+
     def clean(self) -> OPDConfig:
         """The same run with clean rollouts: its baseline."""
         return dataclasses.replace(self, rollout="none", staleness=0, layers=OPDConfig.layers)
@@ -167,8 +174,3 @@ def where_columns(config: OPDConfig) -> dict[str, str]:
     by its type (the same numbers on any `cuda:N`); {} on the CPU in fp32."""
     values = {"device": config.device.split(":")[0], "ref_dtype": config.ref_dtype}
     return {name: values[name] for name, default in OMITTED_AT_DEFAULT.items() if values[name] != default}
-
-
-def rollout_label(rollout: str, staleness: int) -> str:
-    """`clean`, the rollout spec, or `spec + stale:K` (`RolloutSpec.label`)."""
-    return RolloutSpec.parse(rollout, staleness).label

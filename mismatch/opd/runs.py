@@ -20,16 +20,15 @@ import pandas as pd
 
 from mismatch.errors import InputError, MismatchError
 from mismatch.files import check_writable
-from mismatch.rollout_cost import COST_FACTOR_COLUMNS, cost_factors
-from mismatch.rollout_spec import require_engines
+from mismatch.rollout.cost import COST_FACTOR_COLUMNS, cost_factors
+from mismatch.rollout.spec import require_engines
 from mismatch.opd.config import OMITTED_AT_DEFAULT, OPDConfig, where_columns
 from mismatch.opd.trainer import train
-from mismatch.opd.verdict import run_label
-from mismatch.pairs.registry import pair_digest, student_architecture
+from mismatch.pairs.load import pair_digest, student_architecture
 from mismatch.results import ResultsWriter, provenance, read_results, run_id, tidy, write_frame
 
 RunProgress = Callable[[int, str, int, int, dict[str, float]], None]  # (run index, label, step, steps, metrics)
-EVAL_CACHE = "_cache/initial_eval"  # inside a results directory: step 0's evaluations (`trainer.initial_evaluation`)
+EVAL_CACHE = "_cache/initial_eval"  # inside a results directory: step 0's evaluations (`mismatch.opd.evaluate.initial_evaluation`)
 
 
 def run_columns(config: OPDConfig) -> dict[str, object]:
@@ -42,7 +41,7 @@ def run_columns(config: OPDConfig) -> dict[str, object]:
 
 
 def run_cost_factors(config: OPDConfig) -> dict[str, float]:
-    """The rollout cost factors of a run (`mismatch.rollout_cost.COST_FACTOR_COLUMNS`) on its pair
+    """The rollout cost factors of a run (`mismatch.rollout.cost.COST_FACTOR_COLUMNS`) on its pair
     student's architecture, written on its rows so that reports cost it without a model; NaN where it is
     not costed (an engine's export, whose stored types depend on the shapes) or the architecture is not
     local."""
@@ -105,17 +104,12 @@ def plan(base: OPDConfig, rollouts: Sequence[str] = (), *, baseline: bool = Fals
     return runs
 
 
-def label(config: OPDConfig) -> str:
-    """The run's rollout label (`clean`, `fp8-e4m3`, `stale:4`, …)."""
-    return run_label(dataclasses.asdict(config))
-
-
 def save_dir(root: str | Path, configs: Sequence[OPDConfig], config: OPDConfig) -> Path:
     """Where `run_all(save_to=root)` writes `config`'s final student: `root` itself for a single run,
     else `root/<label>` (characters other than letters, digits, `.`, `_`, `-` become `_`)."""
     if len(configs) == 1:
         return Path(root)
-    return Path(root) / re.sub(r"[^A-Za-z0-9._-]+", "_", label(config))
+    return Path(root) / re.sub(r"[^A-Za-z0-9._-]+", "_", config.label)
 
 
 def run_all(configs: Sequence[OPDConfig], *, out: str | Path | None = None, overwrite: bool = False,
@@ -164,7 +158,7 @@ def _run_one(configs: Sequence[OPDConfig], index: int, writer: ResultsWriter | N
 
     def on_step(step: int, steps: int, metrics: dict) -> None:
         if progress is not None:
-            progress(index, label(config), step, steps, metrics)
+            progress(index, config.label, step, steps, metrics)
 
     try:
         rows = train(config, on_rows=on_rows, progress=on_step,

@@ -22,10 +22,11 @@ and the pair is rebuilt.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,86 +34,24 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen3Config
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from mismatch.errors import InputError
 from mismatch.model.device import seeded
-from mismatch.model.loader import LM, quiet_loading, sha256_file
+from mismatch.model.loader import LM, cache_dir, quiet_loading, sha256_file
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
-from mismatch.pairs.tasks import SyntheticTask
+from mismatch.pairs.catalog import (SYNTHETIC_RECIPES, BuildRecipe, ModelShape, Progress,
+                                    committed_dir, synthetic_recipe)
+from mismatch.pairs.tasks import TASKS, SyntheticTask
 from mismatch.model.tokenizer import byte_tokenizer
 
-BUILDER_VERSION = "2"  # bump when the training code changes what it produces
 SAMPLE_SEED = 7919  # offset of the sampling seed of the student's accuracy
 BUILD_THREADS = 2  # fixed: BLAS reductions (hence the weights' last bits) depend on the thread count
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """Size of one model of a synthetic pair (vocabulary: the 259-token byte tokenizer)."""
-
-    family: str  # qwen3 | llama | gpt2
-    width: int
-    layers: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    context: int = 64
-
-    def __post_init__(self) -> None:
-        if self.family not in ("qwen3", "llama", "gpt2"):
-            raise ValueError(f"family must be qwen3, llama or gpt2, got {self.family!r}")
-        if self.width % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"width {self.width}, heads {self.heads}, kv_heads {self.kv_heads} do not divide")
-
-    def config(self):
-        """The `transformers` config of this shape, dropout off, embeddings tied."""
-        tok = byte_tokenizer()
-        special = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
-        if self.family == "gpt2":
-            return GPT2Config(n_embd=self.width, n_layer=self.layers, n_head=self.heads, n_inner=self.ffn,
-                              n_positions=self.context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                              **special)
-        cls = Qwen3Config if self.family == "qwen3" else LlamaConfig
-        return cls(hidden_size=self.width, num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                   num_key_value_heads=self.kv_heads, intermediate_size=self.ffn,
-                   head_dim=self.width // self.heads, max_position_embeddings=self.context, **special)
 
 
-@dataclass(frozen=True, kw_only=True)
-class BuildRecipe:
-    """Everything that decides a synthetic pair's weights."""
-
-    task: str
-    teacher: ModelShape
-    student: ModelShape
-    seed: int = 0
-    train_pool: int = 40_000  # distinct train-split problems the models learn from
-    batch_size: int = 64
-    teacher_steps: int = 3000
-    teacher_lr: float = 3e-3
-    student_lr: float = 1e-3
-    student_max_steps: int = 1500
-    student_eval_every: int = 25
-    student_target: float = 0.3  # sampled (temperature-1) held-out exact match that ends the warm-up
-    eval_problems: int = 256  # held-out problems for the accuracies of the build report
-    warmup_eval_problems: int = 128  # held-out problems checked during the student warm-up
-
-    def __post_init__(self) -> None:
-        if not 0 < self.student_target < 1:
-            raise ValueError(f"student_target must be in (0, 1), got {self.student_target}")
-        for name in ("train_pool", "batch_size", "teacher_steps", "student_max_steps", "student_eval_every",
-                     "eval_problems", "warmup_eval_problems"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-
-    def digest(self) -> str:
-        """Content hash of the recipe and the builder version (16 hex digits)."""
-        text = json.dumps({"recipe": dataclasses.asdict(self), "builder": BUILDER_VERSION}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -282,3 +221,97 @@ def build(recipe: BuildRecipe, task: SyntheticTask, out_dir: Path, progress: Pro
     report["files"] = files
     (out_dir / "manifest.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+# ---------------------------------------------------------------- the builds of the catalogue's synthetic pairs
+
+
+def cache_build_dir(name: str) -> Path:
+    """Where a synthetic pair built here is cached, keyed by its recipe's hash."""
+    return cache_dir() / "pairs" / f"{name}-{SYNTHETIC_RECIPES[name].digest()}"
+
+
+def valid_build(directory: Path, recipe: BuildRecipe) -> dict | None:
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("recipe_hash") != recipe.digest():
+        return None
+    for rel, digest in manifest["files"].items():
+        if not (directory / rel).is_file() or sha256_file(directory / rel) != digest:
+            return None
+    return manifest
+
+
+def synthetic_dir(name: str, progress: Progress | None = None) -> tuple[Path, dict]:
+    """Directory and manifest of a synthetic pair's weights: the committed ones when their recipe
+    hash and file hashes match, else the cache, building there first if needed."""
+    recipe = SYNTHETIC_RECIPES[name]
+    for directory in (committed_dir(name), cache_build_dir(name)):
+        manifest = valid_build(directory, recipe)
+        if manifest is not None:
+            return directory, manifest
+    return build_pair(name, progress=progress)
+
+
+def build_pair(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> tuple[Path, dict]:
+    """Build a synthetic pair from scratch into `out_dir` (default: its cache directory),
+    replacing what is there only once the build succeeded. Returns the directory and manifest."""
+    recipe = synthetic_recipe(name)
+    target = Path(out_dir) if out_dir is not None else cache_build_dir(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    try:
+        manifest = build(recipe, TASKS[recipe.task], staging, progress)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, manifest
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """A finished build: where it went, its manifest, and whether it reproduced the committed
+    weights (None when there is nothing to compare with, or it replaced them)."""
+
+    name: str
+    directory: Path
+    manifest: dict
+    same_as_committed: bool | None
+
+    def summary(self) -> str:
+        """One line: accuracies, sizes, build time, destination, and the comparison."""
+        m = self.manifest
+        line = (f"{self.name}: held-out exact match teacher {m['teacher_accuracy']:.1%} (greedy) / "
+                f"student {m['student_accuracy']:.1%} (temperature-1 samples) "
+                f"({m['teacher_params']:,} / {m['student_params']:,} parameters), "
+                f"built in {m['build_seconds']:.0f} s -> {self.directory}")
+        if self.same_as_committed is None:
+            return line
+        return line + f"; identical to the committed weights: {'yes' if self.same_as_committed else 'no'}"
+
+
+def build_targets(name: str | None, out_dir: Path | None) -> list[str]:
+    """The synthetic pairs `mismatch pairs build [NAME] [--out DIR]` builds: NAME, or all of them.
+
+    Raises:
+        InputError: NAME is not a synthetic pair, or `out_dir` is given for more than one pair.
+    """
+    names = [name] if name is not None else list(SYNTHETIC_RECIPES)
+    if out_dir is not None and len(names) != 1:
+        raise InputError("--out needs exactly one pair NAME")
+    for n in names:
+        synthetic_recipe(n)  # an unknown name fails before any work
+    return names
+
+
+def build_and_compare(name: str, out_dir: Path | None = None, progress: Progress | None = None) -> BuildReport:
+    """`build_pair`, then compare the new weights' hashes with the committed build's."""
+    directory, manifest = build_pair(name, out_dir, progress)
+    committed = committed_dir(name) / "manifest.json"
+    same = None
+    if committed.is_file() and directory.resolve() != committed.parent.resolve():
+        same = json.loads(committed.read_text()).get("files") == manifest["files"]
+    return BuildReport(name, directory, manifest, same)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mismatch.errors import InputError
-from mismatch.model.head import DEFAULT_CHUNK_TOKENS
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS
 from mismatch.model.loader import LM
 from mismatch.model.generate import Batch, generate, responses, sequence_logprobs, with_responses
 

@@ -298,3 +298,6 @@ class PromptList:
             raise InputError(f"the prompt list has {len(pool)} {split} prompts, asked for {n}")
         random.Random(f"prompts/{split}/{seed}").shuffle(pool)
         return pool[:n]
+
+
+TASKS = {"sort": SortTask(), "reverse": ReverseTask(), "concise": ConciseTask(), "sortk": BlockSortTask()}

@@ -92,7 +92,7 @@ class Kind:
         return getattr(importlib.import_module(module), name)
 
 
-# rollout forms that are not perturbations (`mismatch.rollout_spec` parses them): what realises each
+# rollout forms that are not perturbations (`mismatch.rollout.spec` parses them): what realises each
 ROLLOUT_ONLY = {"stale": "weights K steps old exist only inside an OPD run (its rollout copy's ring)",
                 "reuse": "one batch trained on for R steps exists only inside an OPD run",
                 "resample": "another sampling stream of the student itself exists only inside an OPD run",
@@ -146,7 +146,7 @@ def kind_named(name: str) -> Kind:
     """
     if name in ROLLOUT_ONLY:
         raise InputError(f"{name!r} is not a perturbation kind: {ROLLOUT_ONLY[name]}, outside PyTorch's model in "
-                         f"place (a rollout form, `mismatch.rollout_spec`); valid kinds: {valid_kinds()}")
+                         f"place (a rollout form, `mismatch.rollout.spec`); valid kinds: {valid_kinds()}")
     if name not in _BY_NAME:
         raise InputError(f"unknown perturbation kind {name!r}; valid kinds: {valid_kinds()}")
     return _BY_NAME[name]

@@ -5,7 +5,7 @@ config class parse the options; `str(config)` round-trips and `dataclasses.asdic
 result columns. The built-in kinds are registered in `kinds` (imported here; torch-free, their handlers
 in `native` and `backends` load on first use). Every kind can
 be applied to a model in place; what cannot (staleness, reuse, another engine) is a rollout form
-(`mismatch.rollout_spec`). `render_spec_table()` lists the kinds (the docs' spec table).
+(`mismatch.rollout.spec`). `render_spec_table()` lists the kinds (the docs' spec table).
 """
 
 from __future__ import annotations

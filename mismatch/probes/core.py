@@ -34,9 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mismatch.errors import InputError, NumericsError, VocabMismatchError
-from mismatch.model.head import CACHE_ROWS, DEFAULT_CHUNK_TOKENS, Head, HeadInputs, head_inputs, logprob_chunks, token_chunks
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_CLIP
+from mismatch.model.head import CACHE_ROWS, Head, HeadInputs, head_inputs, logprob_chunks, token_chunks
 from mismatch.model.layout import Layout, model_layout, replay_prefix
-from mismatch.metrics import DEFAULT_CLIP, summarize, token_metrics_
+from mismatch.metrics import summarize, token_metrics_
+from mismatch.model.external import ExternalLM
+from mismatch.model.generate import Batch
 from mismatch.model.loader import LM, context_length
 from mismatch.model.moe import capture_routing, routed_blocks
 from mismatch.perturb import active_perturbations
@@ -50,6 +53,16 @@ LAYER_COLUMNS = ("layer", "index", "rel_l2", "cosine", "sqnr_db", ROUTER_METRIC)
 
 
 # ---------------------------------------------------------------- masks and inputs
+
+
+def unpack(tokens, attention_mask, response_mask) -> tuple:
+    """`(input_ids, attention_mask, response_mask)` from a `Batch` (`mismatch.generate`'s, its three tensors) or
+    from the three given apart; a `Batch` with a mask given as well is an error (two sources of one mask)."""
+    if not isinstance(tokens, Batch):
+        return tokens, attention_mask, response_mask
+    if attention_mask is not None or response_mask is not None:
+        raise InputError("give a Batch alone: its masks are the batch's own")
+    return tokens.input_ids, tokens.attention_mask, tokens.response_mask
 
 
 def score_mask(
@@ -235,7 +248,7 @@ class Reference:
 @torch.no_grad()
 def reference(
     model: nn.Module | LM,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | Batch,
     attention_mask: torch.Tensor | None = None,
     response_mask: torch.Tensor | None = None,
     per_layer: bool = True,
@@ -247,7 +260,8 @@ def reference(
 
     Args:
         model: a `transformers` causal LM or an `LM`.
-        input_ids, attention_mask, response_mask: `[B, T]`, see `score_mask`.
+        input_ids, attention_mask, response_mask: `[B, T]`, see `score_mask`; or a `Batch` alone as
+            `input_ids` (`mismatch.generate`'s: its three tensors).
         per_layer: also keep every layer's hidden states at the scored positions.
         cache_logprobs: also keep the reference's full-vocabulary log-probabilities (`N · V · 4`
             bytes: 400 MB for 2,048 tokens of a 49k vocabulary), so each later probe skips the
@@ -268,6 +282,7 @@ def reference(
     Raises:
         InputError: the model is currently perturbed in place, or see `score_mask`.
     """
+    input_ids, attention_mask, response_mask = unpack(input_ids, attention_mask, response_mask)
     model, fingerprint, name = _unwrap(model)
     active = active_perturbations(model)
     if active:
@@ -356,20 +371,6 @@ class ProbeResult:
     notes: list[str] = field(default_factory=list)
 
 
-class ExternalLM:
-    """A candidate run outside PyTorch (an inference engine: `mismatch.engines.llamacpp`), known by
-    its logits only. Subclasses set `name`, `vocab_size` and `context_length` (tokens, or None) and
-    implement `sequence_logits(ids) -> [len(ids), V]` fp32 logits at every position of one unpadded
-    sequence. `probe` scores them with the same metric code as any model (no per-layer metrics)."""
-
-    name: str
-    vocab_size: int
-    context_length: int | None
-
-    def sequence_logits(self, ids: list[int]) -> torch.Tensor:
-        raise NotImplementedError
-
-
 def _check_finite(values_C: torch.Tensor, side: str, ref: Reference, rows: slice) -> None:
     bad = ~torch.isfinite(values_C)
     if bool(bad.any()):
@@ -382,7 +383,7 @@ def _check_finite(values_C: torch.Tensor, side: str, ref: Reference, rows: slice
 def probe(
     reference: nn.Module | LM | Reference,
     candidate: nn.Module | LM,
-    input_ids: torch.Tensor | None = None,
+    input_ids: torch.Tensor | Batch | None = None,
     attention_mask: torch.Tensor | None = None,
     response_mask: torch.Tensor | None = None,
     per_layer: bool = True,
@@ -396,7 +397,8 @@ def probe(
             `mismatch.reference` (then `input_ids` may be None and the masks must be None).
         candidate: the candidate model (`q`), e.g. a quantized or perturbed copy, or an `ExternalLM`
             (an engine known by its logits; then `per_layer` must be False).
-        input_ids: `[B, T]` token ids; attention_mask / response_mask `[B, T]` (see `score_mask`).
+        input_ids: `[B, T]` token ids; attention_mask / response_mask `[B, T]` (see `score_mask`); or a
+            `Batch` alone (`mismatch.generate`'s: its three tensors).
         per_layer: compare hidden states of every layer (needs both models to have the same
             number of layers and width).
         clip: importance ratios outside `[1/clip, clip]` count in `is_ratio_outside_frac`.
@@ -417,6 +419,7 @@ def probe(
         raise InputError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
     if not clip > 1.0:
         raise InputError(f"clip must be > 1, got {clip}")
+    input_ids, attention_mask, response_mask = unpack(input_ids, attention_mask, response_mask)
     if isinstance(candidate, ExternalLM):
         return _probe_external(reference, candidate, input_ids, attention_mask, response_mask, per_layer, clip,
                                chunk_tokens)

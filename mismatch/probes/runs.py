@@ -24,16 +24,16 @@ from mismatch.errors import InputError
 from mismatch.model.layout import model_layout
 from mismatch.model.loader import LM, parse_dtype
 from mismatch.model.device import BALANCED, is_balanced, resolve_device
-from mismatch.pairs.registry import load_member, member_digest
-from mismatch.engines.source import open_source
+from mismatch.pairs.load import load_member, member_digest
+from mismatch.rollout.source import open_source
 from mismatch.perturb import select
-from mismatch.rollout_spec import EngineConfig, parse_candidate, require_engines
+from mismatch.rollout.spec import EngineConfig, parse_candidate, require_engines
 from mismatch.perturb.scope import first_block
-from mismatch.probes.core import (DEFAULT_CHUNK_TOKENS, LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
+from mismatch.probes.core import (LAYER_COLUMNS, ROUTER_METRIC, TOKEN_COLUMNS, ProbeResult, probe,
                              reference)
 from mismatch.results import ResultsWriter, provenance, tidy
 from mismatch.model.generate import Batch, generate, read_prompts, teacher_forced
-from mismatch.metrics import DEFAULT_CLIP
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_CLIP
 
 MEMORY_BUDGET_BYTES = 2 << 30  # per optional reference-side cache (log-probs, block outputs)
 Status = Callable[[str], None]
@@ -154,7 +154,7 @@ def _batch(config: ProbeConfig, ref_lm: LM, texts: list[str]) -> Batch:
 
 def model_digests(config: ProbeConfig) -> dict[str, str | None]:
     """`reference_sha256` and `candidate_sha256` (None without a candidate model): digests of the
-    weights the probe loads (`mismatch.pairs.registry.member_digest`), part of its runs' ids."""
+    weights the probe loads (`mismatch.pairs.load.member_digest`), part of its runs' ids."""
     return {"reference_sha256": member_digest(config.reference),
             "candidate_sha256": member_digest(config.candidate) if config.candidate else None}
 

@@ -29,7 +29,7 @@ from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
 from mismatch.report.sweep import write_sweep_report
 from mismatch.results import canonical_order, of_kind, read_many
-from mismatch.opd.tolerance import analyse
+from mismatch.analysis.tolerance import analyse
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 

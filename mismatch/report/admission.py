@@ -12,7 +12,7 @@ import pandas as pd
 from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows
 from mismatch.errors import InputError
 from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
-from mismatch.opd.tolerance import Analysis, analyse
+from mismatch.analysis.tolerance import Analysis, analyse
 from mismatch.report.common import plus_minus
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout.spec import RolloutSpec
 from mismatch.report.common import markdown_table, plus_minus
 from mismatch.results import summaries
-from mismatch.opd.tolerance import weight_bits
+from mismatch.analysis.tolerance import weight_bits
 
 TWINS = {"f16": "dtype:fp16", "q8_0": "int8:group32", "q4_0": "int4:group32"}
 STATIC_COLUMNS = ("kl_fwd_mean", "kl_fwd_p99", "top1_agree", "logp_abs_diff_mean", "tokens")

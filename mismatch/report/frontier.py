@@ -1,12 +1,12 @@
 """The cost frontier per pair: what each rollout configuration of a study costs, how OPD fared with it,
 and the cheapest configuration that stayed tolerated.
 
-Costs are the analytic factors of `mismatch.rollout_cost` (weight bytes read per decoded token,
+Costs are the analytic factors of `mismatch.rollout.cost` (weight bytes read per decoded token,
 rollouts generated per trained step, the step's wall clock with the overlap a lag allows). The
 model-dependent ones (`COST_FACTOR_COLUMNS`) were computed on the pair student's architecture when each
 run was written and are read from its rows: the report instantiates no model. Levels whose rows lack
 them (written before mismatch stored them) are not costed. The rollout share of a step (for the wall clock) is each pair's own, measured
-in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.opd.tolerance`. The
+in its clean runs (median rollout_s ÷ wall_s). Verdicts and Δ come from `mismatch.analysis.tolerance`. The
 cheapest configuration is named twice: by the interval verdict (`tolerated`), and by the means
 alone (Δ accuracy ≥ −acc_tol and KL ratio ≤ 1 + kl_tol: kept up with clean on average, not shown
 to at the seed interval).
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.rollout_cost import COST_FACTOR_COLUMNS, assemble_cost
-from mismatch.rollout_spec import RolloutSpec
-from mismatch.opd.verdict import opd_runs
+from mismatch.rollout.cost import COST_FACTOR_COLUMNS, assemble_cost
+from mismatch.rollout.spec import RolloutSpec
+from mismatch.analysis.twins import opd_runs
 from mismatch.report.common import plus_minus
-from mismatch.opd.tolerance import Analysis, analyse, kept_up
+from mismatch.analysis.tolerance import Analysis, analyse, kept_up
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 COST_COLUMNS = ("weight_bytes", "rollouts_generated", "rollout_cost", "step_wall")

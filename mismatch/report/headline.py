@@ -1,10 +1,10 @@
-"""The study in a page: `headline.md`, the block the README's "What OPD tolerated" quotes verbatim.
+"""The study in a page: `headline.md`, which the study page includes and whose first sentence the README quotes.
 
 Written by `write_sweep_report` beside `tolerance.md`, from the same analysis: how many levels were judged and
 decided (and on how many runs), the design and its simulated error, each pair's noise floor, and one row per
 pair × source × settings naming what was tolerated, what was not (with the statistic that decided it) and
-what is undecided at how many seeds. `tests/test_readme_numbers.py` checks that the README holds this file as
-it is, so the README's numbers are the reports' and cannot drift from them.
+what is undecided at how many seeds. `tests/test_readme_numbers.py` checks that the README quotes its first
+sentence and that every number the README's result and the study page quote is the reports', so they cannot drift.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.tolerance import NOISE_FLOOR_SOURCE, short_text
+from mismatch.analysis.tolerance import NOISE_FLOOR_SOURCE, short_text
 from mismatch.report.common import markdown_table
-from mismatch.sequential import Design
+from mismatch.analysis.sequential import Design
 from mismatch.verdict import Tolerance, Verdict, mean_interval_verdict
 
 BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: end -->"

@@ -1,4 +1,4 @@
-"""The length law: how the tolerated per-token mismatch scales with response length (`mismatch.opd.length`).
+"""The length law: how the tolerated per-token mismatch scales with response length (`mismatch.analysis.length`).
 
 `write_length_report(levels, out_dir, families)` finds the ladders that differ only in response length — a
 *rung* is a pair at one response cap: pairs that train the same models (`families(pair)` names them: pairs
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.length import family, length_tables, rungs
-from mismatch.opd.tolerance import NOISE_FLOOR_SOURCE
+from mismatch.analysis.length import family, length_tables, rungs
+from mismatch.analysis.tolerance import NOISE_FLOOR_SOURCE
 from mismatch.report.common import markdown_table
 
 

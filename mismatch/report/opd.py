@@ -1,7 +1,7 @@
 """OPD reports: training curves and the tolerance verdict table. Reads results only, never a model.
 
 Every run is judged against the clean run that shares every `OPDConfig` field except the rollout
-ones (`mismatch.opd.verdict.verdict_table`, the same table `mismatch opd` prints).
+ones (`mismatch.analysis.twins.verdict_table`, the same table `mismatch opd` prints).
 
 `write_opd_report(rows, out_dir)` writes
   * `opd_curves.png` — held-out teacher–student reverse KL and held-out accuracy vs step, one line
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.opd.verdict import accuracy_metric, final_value, opd_runs, run_label
+from mismatch.analysis.twins import accuracy_metric, opd_runs
+from mismatch.rollout.spec import rollout_label
 from mismatch.report.common import LEGEND_FONTSIZE, markdown_table, save_figure, style_axes, subplots
-from mismatch.opd.tolerance import Analysis, analyse, run_verdicts
-from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
+from mismatch.analysis.tolerance import Analysis, analyse, run_verdicts
+from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance, final_value
 
 CURVES = (("heldout_rkl", "held-out reverse KL (nats/token)"),
           ("accuracy", "held-out accuracy (expected exact match where exact, else of samples)"))
@@ -38,8 +39,8 @@ def curves_figure(rows: pd.DataFrame):
     several_seeds = rows["seed"].nunique() > 1
     for cfg, run in opd_runs(rows):
         frame = pd.DataFrame(run)
-        label = run_label(cfg) + (f" (seed {cfg['seed']})" if several_seeds else "")
-        style = dict(color="black", linewidth=2.5) if run_label(cfg) == "clean" else dict(linewidth=1.4)
+        label = rollout_label(cfg) + (f" (seed {cfg['seed']})" if several_seeds else "")
+        style = dict(color="black", linewidth=2.5) if rollout_label(cfg) == "clean" else dict(linewidth=1.4)
         for ax, (metric, _) in zip(axes, CURVES):
             metric = accuracy_metric(run) if metric == "accuracy" else metric  # the study's accuracy
             curve = frame[frame["metric"] == metric].sort_values("step")
@@ -73,7 +74,7 @@ def _verdicts_markdown(rows: pd.DataFrame, analysis: Analysis) -> list[str]:
     configs = {k: " / ".join(str(_config_value(v)) for v in rows[k].drop_duplicates()) for k in CONFIG_LINE if k in rows}
     lines.append("Config: " + ", ".join(f"{k} {v}" for k, v in configs.items()) + ".")
     for cfg, metrics in opd_runs(rows):
-        if run_label(cfg) == "clean":
+        if rollout_label(cfg) == "clean":
             acc = accuracy_metric(metrics)
             where = ", ".join([str(cfg.get("pair")), *([settings[cfg["run_id"]]] if settings else []),
                                *([f"seed {_config_value(cfg.get('seed'))}"] if seeds else [])])

@@ -22,7 +22,7 @@ from mismatch.errors import InputError
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table,
                                     save_figure, style_axes, subplots)
 from mismatch.results import per_layer, summaries
-from mismatch.rollout_spec import NONE_FORMS, RolloutSpec
+from mismatch.rollout.spec import NONE_FORMS, RolloutSpec, rollout_label
 
 HEADLINE = ("tokens", "kl_fwd_mean", "kl_fwd_p50", "kl_fwd_p99", "kl_fwd_max", "kl_rev_mean",
             "tv_mean", "top1_agree", "logp_abs_diff_mean", "is_ratio_outside_frac", "chi2_token",
@@ -34,7 +34,7 @@ def _perturbed(perturb: object) -> bool:
     return isinstance(perturb, str) and perturb not in NONE_FORMS
 
 
-def run_label(run: pd.Series) -> str:
+def probe_label(run: pd.Series) -> str:
     """Human label of a run: the candidate (unless it is the perturbed reference) and what
     differs from the reference."""
     perturb = run.get("perturb")
@@ -43,9 +43,7 @@ def run_label(run: pd.Series) -> str:
     if run.get("cand_dtype") not in (None, "fp32", run.get("ref_dtype")):
         parts.append(str(run.get("cand_dtype")))
     if perturbed:
-        parts.append(perturb)
-        if run.get("layers") not in (None, "linear"):
-            parts.append(f"[{run.get('layers')}]")
+        parts.append(rollout_label({"rollout": perturb, "layers": run.get("layers")}))
     return " · ".join(parts)
 
 
@@ -202,7 +200,7 @@ def write_probe_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_runs = summaries(rows)
-    all_runs["run"] = all_runs.apply(run_label, axis=1)
+    all_runs["run"] = all_runs.apply(probe_label, axis=1)
     isolated = all_runs[all_runs["layers"].map(is_isolation)] if "layers" in all_runs else all_runs.iloc[:0]
     runs = all_runs.drop(isolated.index)
     table = runs[["run", "reference", *[c for c in HEADLINE if c in runs.columns]]]

@@ -1,12 +1,12 @@
 """Sweep reports: tolerance tables and figures across pairs, sources, levels and seeds. Reads results only.
 
 `write_sweep_report(rows, out_dir)` writes, from OPD runs judged against their clean twins and pooled
-over seeds (`mismatch.opd.tolerance`):
+over seeds (`mismatch.analysis.tolerance`):
   * `tolerance.md` / `tolerance.csv` — per pair × source × settings: the largest tolerated level
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
     every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
   * `tolerance_levels.csv` — that per-level table;
-  * `headline.md` — the study in a page, which the README quotes verbatim (`mismatch.report.headline`);
+  * `headline.md` — the study in a page, which the study page includes (`mismatch.report.headline`);
   * `noise_floor.csv` — per pair × settings, the clean finals' spread over seeds and the A/A level
     (`resample:S` against its clean twin: the spread any mismatch is judged against), also in
     `tolerance.md`;
@@ -27,16 +27,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.opd.verdict import accuracy_metric, opd_runs
-from mismatch.pairs.registry import PAIRS, member_spec
+from mismatch.analysis.twins import accuracy_metric, opd_runs
+from mismatch.pairs.catalog import PAIRS, member_spec
 from mismatch.report.headline import write_headline
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
 from mismatch.report.probe import is_isolation
-from mismatch.opd.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
+from mismatch.analysis.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
                                      noise_floor, tolerance_table, weight_bits)
 from mismatch.results import summaries
-from mismatch.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
+from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 MARKERS = "osD^v<>P*X"
@@ -200,7 +200,7 @@ def student_models() -> dict[str, str]:
     that a probe run on the student's model under its own name counts as that pair's student."""
     owners: dict[str, list[str]] = {}
     for pair in PAIRS:
-        spec = member_spec(f"{pair}:student", build=False)
+        spec = member_spec(f"{pair}:student")
         if spec != f"{pair}:student":
             owners.setdefault(spec, []).append(pair)
     return {spec: pairs[0] for spec, pairs in owners.items() if len(pairs) == 1}  # a shared student stays unnamed
@@ -303,7 +303,7 @@ def _floor_markdown(floor: pd.DataFrame) -> list[str]:
 def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Tolerance, design: Design,
                    simulated: int = 20_000) -> pd.DataFrame:
     """Per pair × settings with an A/A level of ≥ 3 seeds: the design's realised two-sided error at each
-    threshold, simulated (`mismatch.sequential.simulate`, `simulated` levels) with the study's own rule and
+    threshold, simulated (`mismatch.analysis.sequential.simulate`, `simulated` levels) with the study's own rule and
     planner at the spreads the A/A level measured (sds of Δ accuracy and KL ratio over its seeds, their
     correlation), a reference of as many seeds, up to the design's last look."""
     out = []
@@ -343,7 +343,7 @@ def _design_markdown(levels: pd.DataFrame, alpha: pd.DataFrame, design: Design) 
     lines = ["## The design and its error", "",
              f"Sequential design: {design.describe()}. A level is judged at the look its seeds have reached with a "
              "repeated confidence interval mean ± c·sd/√n; its sd is pooled with the pair's A/A level unless it is "
-             "larger than that (`mismatch.sequential.pooled_sd`); undecided levels get the next look's seeds, whatever "
+             "larger than that (`mismatch.analysis.sequential.pooled_sd`); undecided levels get the next look's seeds, whatever "
              "their data (docs/sweeps.md).", "",
              f"{len(judged)} levels judged, {decided} decided. A level on a threshold is called either way with "
              f"chance at most α = {design.alpha:g}, and one off it on the wrong side with at most α/2, so at most "

@@ -1,8 +1,8 @@
 """More seeds, in rounds, for the levels still undecided — from one pre-registered look to the next.
 
 After a study's planned OPD runs, every level (pair × source × settings × level, pooled over seeds and
-judged by `mismatch.opd.tolerance.judge_level`) that is `uncertain` gets the seeds of the sequential
-design's next look (`mismatch.sequential.Design.looks`: 3 → 6 → 10 → 16), each with its clean twin;
+judged by `mismatch.analysis.tolerance.judge_level`) that is `uncertain` gets the seeds of the sequential
+design's next look (`mismatch.analysis.sequential.Design.looks`: 3 → 6 → 10 → 16), each with its clean twin;
 the rounds go on until every level is decided or has reached the last look within `max_seeds` (a cap
 between two looks stops at the one below it: a look the design has not planned would spend α it
 has not got). A round follows from the results on disk alone (`rounds`): the planned runs' levels are
@@ -12,7 +12,7 @@ they run (`mismatch sweep --decide --dry-run`).
 
 The seed count of a round never depends on the data beyond "decided or not" (`next_seeds`): with the
 design's α-spending boundaries, a level sitting on a threshold is declared decided at most α = 5% of
-the time over all its looks (simulated with this planner and rule: `mismatch.sequential.simulate`,
+the time over all its looks (simulated with this planner and rule: `mismatch.analysis.sequential.simulate`,
 tests/sweep/test_decide.py). New seeds are the smallest seed numbers the level has not on disk; a seed
 planned before whose run failed is neither retried nor replaced (a failure is the configuration's,
 not the seed's), so the rounds always end. A level still uncertain at its last look is reported as
@@ -29,9 +29,9 @@ import pandas as pd
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.opd.tolerance import analyse
+from mismatch.analysis.tolerance import analyse
 from mismatch.results import run_id
-from mismatch.sequential import DEFAULT_DESIGN, Design, next_seeds
+from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds
 from mismatch.sweep.tasks import task_id  # the ledger's keys
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 

@@ -127,7 +127,7 @@ def longest_first(tasks: list[Task], *, out: str | Path | None = None) -> list[i
     pair or model is usually the expensive part). Submitting a pool's tasks in this order keeps one
     long task from starting last and running alone. Ties go round-robin over the OPD runs' seeds,
     then in plan order: runs of one pair and seed share their step-0 evaluation
-    (`mismatch.opd.trainer.initial_evaluation`), which only the first to reach it computes, so twins
+    (`mismatch.opd.evaluate.initial_evaluation`), which only the first to reach it computes, so twins
     started side by side would both compute it."""
     secs = estimates(tasks, out=out)
     turn, seen = [], {}

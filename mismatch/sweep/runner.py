@@ -17,7 +17,7 @@ from filelock import FileLock, Timeout
 
 from mismatch.errors import InputError, MismatchError
 from mismatch.files import check_writable
-from mismatch.rollout_spec import require_engines
+from mismatch.rollout.spec import require_engines
 from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study

@@ -46,10 +46,10 @@ from pathlib import Path
 
 from mismatch.errors import InputError
 from mismatch.opd.config import OPDConfig
-from mismatch.pairs.registry import PAIRS, pair_spec
+from mismatch.pairs.catalog import PAIRS, pair_spec
 from mismatch.probes.runs import ProbeConfig
 from mismatch.files import read_toml
-from mismatch.rollout_spec import RolloutSpec
+from mismatch.rollout.spec import RolloutSpec
 
 STATIC_KEYS = {"models", "prompts", "texts", "max_prompts", "chat", "max_new_tokens", "min_new_tokens", "temperature",
                "perturb", "layers", "each_layer", "seeds", "per_layer", "ref_dtype"}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import mismatch
 from mismatch.admission import Thresholds, check
 from mismatch.admission.lagged import TrainerSettings
-from mismatch.admission.judge import combine_status, decide
+from mismatch.admission.decision import combine_status, decide
 from mismatch.cli.app import app
 from mismatch.errors import InputError
 from mismatch.model.loader import LM
@@ -191,7 +191,7 @@ def _trained_window_mean(student, teacher, ref_dtype: str = "fp32") -> float:
     from mismatch.admission.transfer import WINDOW
     from mismatch.opd.config import OPDConfig
     from mismatch.opd.trainer import train
-    from mismatch.pairs.registry import Pair
+    from mismatch.pairs.load import Pair
 
     config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
                        batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100,

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from mismatch.admission.gates import PRESETS, preset_gates, rollout_stats
+from mismatch.admission.gates import PRESETS, preset_gates
+from mismatch.metrics import rollout_stats
 from mismatch.errors import InputError
 
 

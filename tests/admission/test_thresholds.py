@@ -11,10 +11,8 @@ import pytest
 from mismatch.admission.limits import bracket, fit_limit
 from mismatch.admission.thresholds import Thresholds, thresholds_from_rows, validate
 from mismatch.opd.config import OPDConfig
-from mismatch.results import tidy
+from tests.conftest import opd_rows
 
-STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
-         "timestamp": "2026-01-01T00:00:00+00:00"}
 
 
 def _balanced(x, y, t):
@@ -66,11 +64,8 @@ STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -0.5), 
 
 
 def _run(config, acc, first_kl):
-    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": 1.0},
-            {"step": 2, "metric": "heldout_expected_accuracy", "value": acc},
-            {"step": 1, "metric": "mismatch_kl", "value": first_kl},
-            {"step": 2, "metric": "mismatch_kl", "value": 5 * first_kl}]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+    return opd_rows(config, {"heldout_rkl": {0: 2.0, 2: 1.0}, "heldout_expected_accuracy": {2: acc},
+                             "mismatch_kl": {1: first_kl, 2: 5 * first_kl}})
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from mismatch.admission.limits import fit_limit
 from mismatch.admission.transfer import level_points, ranking, run_statistics, transfer_table
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.tolerance import analyse
+from mismatch.analysis.tolerance import analyse
 from mismatch.results import tidy
 
 STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",

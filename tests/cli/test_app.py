@@ -180,7 +180,7 @@ def test_bad_perturb_input(args, message):
 def bad_files(tmp_path_factory):
     """Files a new user hands the CLI, each wrong in one way: {name: path}."""
     import mismatch
-    from mismatch.engines import DumpRecord, score_rollouts, write_rollouts
+    from mismatch.dumps import DumpRecord, score_rollouts, write_rollouts
 
     root = tmp_path_factory.mktemp("bad")
     (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))

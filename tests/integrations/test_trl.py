@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mismatch
-from mismatch.admission.judge import judge, statistics
+from mismatch.admission.decision import judge, statistics
 from mismatch.admission.thresholds import load_thresholds
 from mismatch.errors import InputError
 from mismatch.metrics import ESS_EPS

@@ -18,7 +18,7 @@ import torch
 from mismatch.errors import InputError
 from mismatch.metrics import ROLLOUT_STATS_CONFIG, sampled_token_metrics
 from mismatch.monitor import MonitorSettings, monitor
-from mismatch.monitor.names import CLIP
+from mismatch.defaults import DEFAULT_CLIP as CLIP
 
 U = 2.0 ** -53  # float64 unit roundoff
 F32 = 2.0 ** -24  # TensorBoard stores each scalar as float32: a relative rounding of at most 2^-24
@@ -197,7 +197,7 @@ def test_rollout_stats_follows_the_config_it_states(verl_runs):
 def test_the_toolkits_own_log_carries_its_framework_names_mode(tmp_path):
     """A log holding the toolkit's own statistics (`judge.statistics`: its names and `rollout_stats`') has
     its verl shares in `ROLLOUT_STATS_CONFIG`'s mode: read as a second copy, not as unknown."""
-    from mismatch.admission.judge import statistics
+    from mismatch.admission.decision import statistics
 
     path = tmp_path / "own.jsonl"
     with path.open("w") as f:

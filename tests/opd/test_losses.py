@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import mismatch
-from mismatch.opd import losses
 from mismatch.opd.losses import (
     LOSS_REGISTRY,
     LOSSES,

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.ring import RolloutCopy
-from mismatch.opd.tolerance import level_table, noise_floor, run_table
+from mismatch.rollout.copy import RolloutCopy
+from mismatch.analysis.tolerance import level_table, noise_floor, run_table
 from mismatch.opd.trainer import loss_backward, sample_rollouts, score_with_teacher, setup, update
-from mismatch.opd.verdict import verdict_table
-from mismatch.results import tidy
-from tests.opd.test_tolerance import STAMP
+from mismatch.analysis.twins import verdict_table
+from tests.conftest import opd_rows
 
 U32, U64 = 2.0 ** -24, 2.0 ** -53  # unit roundoffs of float32 and float64
 
@@ -83,8 +82,7 @@ def _rows(config: OPDConfig, metrics: dict[str, dict[int, float]]) -> pd.DataFra
     """A run's tidy rows: `{"step", "metric", "value"}` per step (`trainer.train`'s `emit`, step 0 from
     `initial_evaluation` and `probe_copy`), `level="step"`, through `mismatch.results.tidy` as
     `mismatch.opd.runs` writes them (runs.py `tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", …)`)."""
-    rows = [{"step": s, "metric": m, "value": v} for m, by_step in metrics.items() for s, v in by_step.items()]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+    return opd_rows(config, metrics)
 
 
 def _finished(acc: float, kl: float, copy_kl: dict[int, float] | None = None) -> dict[str, dict[int, float]]:

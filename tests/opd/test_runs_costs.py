@@ -5,11 +5,10 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import add_cost_factors, run_cost_factors
 from mismatch.results import ResultsWriter, read_results
-from mismatch.rollout_cost import COST_FACTOR_COLUMNS
-from tests.opd.test_tolerance import BASE, _run
+from mismatch.rollout.cost import COST_FACTOR_COLUMNS
+from tests.analysis.test_tolerance import BASE, _run
 
 
 def test_old_rows_get_the_factors_a_new_run_writes_and_nothing_else_changes(tmp_path):

@@ -163,7 +163,7 @@ def test_clean_run_lowers_kl_and_raises_accuracy():
 
 
 def test_mean_se_is_the_standard_error_of_the_mean():
-    from mismatch.opd.trainer import mean_se
+    from mismatch.opd.evaluate import mean_se
 
     values = [0.0, 1.0, 1.0, 0.25, 0.5]
     mean, se = mean_se(values)
@@ -243,7 +243,7 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
     """`heldout_rkl` against a direct computation: the same samples (same seed), full logits of both
     models in float64, Σ_v π_S (log π_S − log π_T) per response token, averaged. The forward KL on
     the same tokens is far from it, so the test tells the two apart."""
-    from mismatch.opd.trainer import heldout_rkl
+    from mismatch.opd.evaluate import heldout_rkl
     from mismatch.model.positions import position_ids
     from mismatch.model.generate import generate
 
@@ -277,11 +277,14 @@ def test_the_heldout_kl_is_the_reverse_kl_on_the_students_samples():
 def test_step_zero_is_evaluated_once_per_seed_and_read_back_bit_for_bit(tmp_path, monkeypatch):
     """Twins of one seed (another rollout, another lr) share step 0's evaluation through the cache; the
     rows are the same as without it, and a damaged entry is computed again."""
-    from mismatch.opd import trainer
+    from mismatch.opd import evaluate as evaluation, trainer
 
     calls = []
-    real = trainer.evaluate
-    monkeypatch.setattr(trainer, "evaluate", lambda run: calls.append(run.config.rollout) or real(run))
+    real = evaluation.evaluate
+    spy = lambda run: calls.append(run.config.rollout) or real(run)  # noqa: E731
+    monkeypatch.setattr(evaluation, "evaluate", spy)  # step 0's, through `initial_evaluation`
+    monkeypatch.setattr(trainer, "evaluate", spy)  # the later steps'
+
     cache = tmp_path / "cache"
     clean = train(OPDConfig(**SHORT), eval_cache=cache)
     noisy_cfg = OPDConfig(**SHORT, rollout="noise:0.1", lr=3e-3)
@@ -302,7 +305,8 @@ def test_every_evaluation_probes_the_rollout_copy_as_a_static_probe_would():
     the same held-out samples; a stale copy is the student at step 0 (exactly 0) and not after updates;
     a clean run (the copy is the student) and `eval_probe = 0` record none."""
     from mismatch.model.generate import generate as gen
-    from mismatch.opd.trainer import EVAL_SEED_OFFSET, setup
+    from mismatch.opd.evaluate import EVAL_SEED_OFFSET
+    from mismatch.opd.trainer import setup
     from mismatch.perturb import perturbed
 
     cfg = OPDConfig(**{**SHORT, "eval_probe": 8}, rollout="int4:group128")
@@ -329,7 +333,8 @@ def test_every_evaluation_probes_the_rollout_copy_as_a_static_probe_would():
 def test_the_copys_heldout_kl_is_the_students_evaluation_run_on_the_perturbed_weights():
     """`copy_heldout_rkl` at step 0 (and only there) is `heldout_rkl` of the perturbed initial student,
     same prompts and seed; measuring it (and probing the copy) changes no other row of the run."""
-    from mismatch.opd.trainer import EVAL_SEED_OFFSET, heldout_rkl, setup
+    from mismatch.opd.evaluate import EVAL_SEED_OFFSET, heldout_rkl
+    from mismatch.opd.trainer import setup
     from mismatch.perturb import perturbed
 
     cfg = OPDConfig(**{**SHORT, "eval_probe": 8}, rollout="noise:0.05")

@@ -6,8 +6,10 @@ import hashlib
 import pytest
 import torch
 
-from mismatch.pairs.build import BuildRecipe, ModelShape, _batch, _examples, init_model, parameter_count, train_pair
-from mismatch.pairs.registry import SYNTHETIC_RECIPES, TASKS
+from mismatch.pairs.build import _batch, _examples, init_model, parameter_count, train_pair
+from mismatch.pairs.catalog import BuildRecipe, ModelShape
+from mismatch.pairs.catalog import SYNTHETIC_RECIPES
+from mismatch.pairs.tasks import TASKS
 from mismatch.model.tokenizer import byte_tokenizer
 
 

@@ -1,9 +1,9 @@
 """Ordering sanity on the real SmolLM2 weights."""
 
 import pytest
-import torch
 
 import mismatch
+from mismatch.model.generate import teacher_forced
 from mismatch.perturb import perturbed
 
 pytestmark = pytest.mark.smollm2
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.smollm2
 
 @pytest.fixture(scope="module")
 def ref_and_model(smollm2):
-    batch = mismatch.teacher_forced(smollm2, [
+    batch = teacher_forced(smollm2, [
         "The capital of France is Paris. It is known for the Eiffel Tower and the Louvre museum.",
         "Photosynthesis converts light energy into chemical energy stored in glucose molecules.",
     ])

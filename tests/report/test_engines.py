@@ -1,7 +1,6 @@
 """The engine rows of a report, from a hand-made study: each engine level beside its simulated twin."""
 
 import dataclasses
-import math
 import statistics
 
 import pandas as pd
@@ -10,9 +9,10 @@ import pytest
 from mismatch.opd.config import OPDConfig
 from mismatch.report.engines import dynamic_table, static_table, twin_of, write_engines_report
 from mismatch.results import tidy
-from mismatch.opd.tolerance import level_table, run_table
-from tests.admission.test_thresholds import STAMP, _run
-from tests.opd.test_tolerance import _first_look_half
+from mismatch.analysis.tolerance import level_table, run_table
+from tests.admission.test_thresholds import _run
+from tests.conftest import STAMP
+from tests.analysis.test_tolerance import _first_look_half
 
 ACC = {"none": [0.50, 0.52, 0.48], "engine:llama.cpp,f16": [0.49, 0.52, 0.47], "dtype:fp16": [0.50, 0.51, 0.49],
        "engine:llama.cpp,f32": [0.30, 0.31, 0.30], "engine:llama.cpp,q8_0": [0.50, 0.52, 0.48]}

@@ -4,11 +4,11 @@ import pandas as pd
 import pytest
 
 import mismatch
-from mismatch.rollout_cost import rollout_cost
-from mismatch.pairs.registry import member_spec
+from mismatch.rollout.cost import rollout_cost
+from mismatch.pairs.catalog import member_spec
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_cost_factors
-from mismatch.pairs.registry import student_architecture
+from mismatch.pairs.load import student_architecture
 from mismatch.report.frontier import frontier_table
 from tests.admission.test_thresholds import study  # noqa: F401  (the fixture)
 
@@ -45,9 +45,9 @@ def test_frontier_costs_levels_and_marks_the_cheapest(study):  # noqa: F811
 
 def test_rows_without_stored_cost_factors_are_not_costed_and_no_model_is_built(study, monkeypatch):  # noqa: F811
     """Rows written before the factors were stored: every cost is NaN (said in the Markdown), verdicts stay."""
-    from mismatch.pairs import registry
+    from mismatch.pairs import load
 
-    monkeypatch.setattr(registry, "student_architecture", lambda *a: pytest.fail("the report built a model"))
+    monkeypatch.setattr(load, "student_architecture", lambda *a: pytest.fail("the report built a model"))
     table = frontier_table(study)
     assert table["weight_bytes"].isna().all() and table["verdict"].notna().all() and len(table) > 3
 

@@ -9,22 +9,16 @@ import pandas as pd
 import pytest
 
 from mismatch.opd.config import OPDConfig
-from mismatch.opd.tolerance import analyse
+from mismatch.analysis.tolerance import analyse
 from mismatch.report.length import family, write_length_report
-from mismatch.results import tidy
+from tests.conftest import opd_rows
 
-STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
-         "timestamp": "2026-01-01T00:00:00+00:00"}
 
 
 def _run(config: OPDConfig, kl: float, mismatch: float, tokens: float) -> pd.DataFrame:
-    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
-            {"step": 0, "metric": "heldout_expected_accuracy", "value": 0.3},
-            {"step": 2, "metric": "heldout_expected_accuracy", "value": 0.3},
-            {"step": 1, "metric": "mismatch_kl", "value": mismatch}, {"step": 2, "metric": "mismatch_kl", "value": mismatch},
-            {"step": 1, "metric": "tokens", "value": tokens * config.batch_size},
-            {"step": 2, "metric": "tokens", "value": tokens * config.batch_size}]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+    return opd_rows(config, {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_expected_accuracy": {0: 0.3, 2: 0.3},
+                             "mismatch_kl": {1: mismatch, 2: mismatch},
+                             "tokens": {1: tokens * config.batch_size, 2: tokens * config.batch_size}})
 
 
 # per rung: its response length and, per noise σ, (mismatch_kl, KL ratio on three seeds)

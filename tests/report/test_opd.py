@@ -8,21 +8,19 @@ import pandas as pd
 import pytest
 
 from mismatch.verdict import Tolerance
-from mismatch.opd.config import COMPARISON_FIELDS, ROLLOUT_FIELDS, OPDConfig, rollout_label
-from mismatch.opd.verdict import verdict_table
+from mismatch.opd.config import COMPARISON_FIELDS, ROLLOUT_FIELDS, OPDConfig
+from mismatch.rollout.spec import rollout_label
+from mismatch.analysis.twins import verdict_table
 from mismatch.report.opd import curves_figure, write_opd_report
-from mismatch.results import ResultsWriter, read_results, tidy
+from mismatch.results import ResultsWriter, read_results
+from tests.conftest import opd_rows
 
-STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
-         "timestamp": "2026-01-01T00:00:00+00:00"}
 BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, lr=3e-4)
 
 
 def _run(config: OPDConfig, kl: dict[int, float], acc: dict[int, float], mismatch: list[float]) -> pd.DataFrame:
-    rows = [{"step": s, "metric": "heldout_rkl", "value": v} for s, v in kl.items()]
-    rows += [{"step": s, "metric": "heldout_accuracy", "value": v} for s, v in acc.items()]
-    rows += [{"step": i + 1, "metric": "mismatch_kl", "value": v} for i, v in enumerate(mismatch)]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=dataclasses.asdict(config), stamp=STAMP)
+    return opd_rows(config, {"heldout_rkl": kl, "heldout_accuracy": acc,
+                             "mismatch_kl": {i + 1: v for i, v in enumerate(mismatch)}})
 
 
 def _with(**fields) -> OPDConfig:
@@ -73,8 +71,8 @@ def test_verdict_numbers_equal_a_recomputation_from_the_rows(rows, kl_tol, acc_t
     for label, (ratio, delta, mean_kl, ok) in expected.items():
         row = judged.loc[label]
         assert (row["kl_ratio"], row["acc_delta"], row["mismatch_kl"]) == pytest.approx((ratio, delta, mean_kl))
-        assert row["tolerated"] == ok
-    assert table.loc["noise:0.1", "tolerated"] is None and table.loc["noise:0.1", "baseline"] == ""
+        assert row["kept_up"] == ok
+    assert table.loc["noise:0.1", "kept_up"] is None and table.loc["noise:0.1", "baseline"] == ""
 
 
 @pytest.mark.parametrize("field,value", [("top_p", 0.9), ("decay", "constant"), ("warmup_steps", 0),
@@ -144,7 +142,7 @@ def test_plotted_curves_are_the_data(rows):
         for rid, run in rows.groupby("run_id", sort=False):
             first = run.iloc[0]
             curve = run[run.metric == metric].sort_values("step")
-            label = f"{rollout_label(first['rollout'], int(first['staleness']))} (seed {first['seed']})"  # 2 seeds
+            label = f"{rollout_label(first)} (seed {first['seed']})"  # 2 seeds
             assert plotted[label] == (curve["step"].tolist(), curve["value"].tolist()), (metric, label)
     assert len(kl_ax.lines) == rows["run_id"].nunique() == 4
     assert [line.get_color() for line in kl_ax.lines if line.get_label().startswith("clean")] == ["black"]
@@ -152,8 +150,13 @@ def test_plotted_curves_are_the_data(rows):
 
 
 def test_labels():
-    assert [rollout_label(r, k) for r, k in [("none", 0), ("", 4), ("int4:group128", 0), ("noise:0.1", 2)]] == [
-        "clean", "stale:4", "int4:group128", "noise:0.1 + stale:2"]
+    """One label for a rollout configuration, wherever its fields come from: a config, a result row, a probe."""
+    cases = [("none", 0, "linear"), ("", 4, "linear"), ("int4:group128", 0, "linear"), ("noise:0.1", 2, "linear"),
+             ("int4:group128", 0, "attn"), ("none", 0, "attn")]
+    want = ["clean", "stale:4", "int4:group128", "noise:0.1 + stale:2", "int4:group128 [attn]", "clean"]
+    assert [rollout_label({"rollout": r, "staleness": k, "layers": s}) for r, k, s in cases] == want
+    configs = [OPDConfig(pair="sort-gpt2", rollout=r or "none", staleness=k, layers=s) for r, k, s in cases]
+    assert [c.label for c in configs] == want  # an OPDConfig's label is the same function of its fields
 
 
 def test_verdicts_of_several_seeds_name_the_seed(tmp_path):
@@ -175,15 +178,15 @@ def test_a_run_that_did_not_finish_is_marked_unfinished_not_final(rows, tmp_path
     _, md = write_opd_report(cut, tmp_path)
     line = next(l for l in md.read_text().splitlines() if l.startswith("| sort-gpt2 | int4:group128"))
     assert line.endswith("| **unfinished at step 0 of 2** |")
-    from mismatch.opd.tolerance import level_table, run_table
+    from mismatch.analysis.tolerance import level_table, run_table
 
     assert "int4:group128" not in set(level_table(run_table(cut))["level"])
 
 
 def test_a_run_whose_heldout_kl_ends_far_above_its_start_is_marked_diverged(rows, tmp_path):
     """The student collapsed (held-out KL 2.6 → 5.0, ×1.9 > 1.5): said in the status, wherever it is shown."""
-    from mismatch.opd.verdict import diverged
-    from mismatch.opd.tolerance import run_verdicts
+    from mismatch.analysis.twins import diverged
+    from mismatch.analysis.tolerance import run_verdicts
 
     collapsed = pd.concat([rows, _run(_with(rollout="fp8-e4m3"), {0: 2.6, 2: 5.0}, {0: 0.27, 2: 0.0}, [0.1, 0.1])],
                           ignore_index=True)

@@ -10,7 +10,7 @@ from mismatch.report.probe import (
     kl_cdf_figure,
     layer_map_figure,
     per_layer_figure,
-    run_label,
+    probe_label,
     write_probe_report,
 )
 from mismatch.results import of_kind, per_layer, read_results, summaries
@@ -69,7 +69,7 @@ def test_layer_map_plots_kl_per_block(dataset):
 def test_per_layer_and_kl_cdf_plot_the_rows(dataset):
     rows = read_results(dataset)
     whole = rows[rows["layers"] == "linear"]
-    runs = summaries(whole).assign(run=lambda f: f.apply(run_label, axis=1))
+    runs = summaries(whole).assign(run=lambda f: f.apply(probe_label, axis=1))
     layers = per_layer(whole)
     fig = per_layer_figure(layers, runs)
     (sqnr_ax,) = fig.axes  # both specs are formats on the decoder linears: one panel
@@ -99,7 +99,7 @@ def test_probe_figures_split_many_runs_into_panels_by_source_and_scope(tmp_path)
                out=tmp_path / "r")
     run_probes(ProbeConfig(reference="tiny-llama", perturb=SPECS, layers="all", texts=TEXTS), out=tmp_path / "r")
     rows = read_results(tmp_path / "r")
-    runs = summaries(rows).assign(run=lambda f: f.apply(run_label, axis=1))
+    runs = summaries(rows).assign(run=lambda f: f.apply(probe_label, axis=1))
     token_kl = rows[(rows.level == "token") & (rows.metric == "kl_fwd")]
     expected_titles = ["format · linear (1/2)", "format · linear (2/2)", "noise · linear", "format · all"]
     for fig in (kl_cdf_figure(token_kl, runs), per_layer_figure(per_layer(rows), runs)):

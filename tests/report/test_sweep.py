@@ -4,9 +4,8 @@ import pandas as pd
 
 from mismatch.report.sweep import _student_probes, student_models
 from mismatch.results import tidy
+from tests.conftest import STAMP
 
-STAMP = {"mismatch_version": "0", "torch_version": "t", "transformers_version": "h", "git_sha": "g",
-         "timestamp": "2026-01-01T00:00:00+00:00"}
 
 
 def _probe(reference: str, value: float) -> pd.DataFrame:
@@ -30,7 +29,7 @@ def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynami
     import warnings
 
     from mismatch.report.sweep import write_sweep_report
-    from tests.opd.test_tolerance import BASE, _run
+    from tests.analysis.test_tolerance import BASE, _run
 
     frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40, 1.0) for s in range(2) for r in ("none", "fp8-e4m3")]
     rows = pd.concat([*frames, _probe("sort-gpt2:student", 0.02)], ignore_index=True)
@@ -47,16 +46,16 @@ def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynami
 def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
     """Reports read results: naming a synthetic pair's student must not verify or build (train) its weights,
     even when the recipe hash no longer matches the committed ones."""
-    from mismatch.pairs import registry
+    from mismatch.pairs import build, catalog
     from mismatch.report.sweep import student_models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a report reached synthetic_dir (which builds a pair whose recipe changed)")
 
-    monkeypatch.setattr(registry, "synthetic_dir", refuse)
-    monkeypatch.setattr(registry, "build_pair", refuse)
+    monkeypatch.setattr(build, "synthetic_dir", refuse)
+    monkeypatch.setattr(build, "build_pair", refuse)
     assert student_models()["smollm2-135m"] == "smollm2-concise"
-    assert str(registry.committed_dir("sort-gpt2") / "student") in student_models()
+    assert str(catalog.committed_dir("sort-gpt2") / "student") in student_models()
 
 
 def test_figures_have_short_titles_small_legends_and_one_colour_per_family():
@@ -68,11 +67,11 @@ def test_figures_have_short_titles_small_legends_and_one_colour_per_family():
     import matplotlib.colors as mcolors
     import matplotlib.pyplot as plt
 
-    from mismatch.opd.tolerance import level_table, run_table
+    from mismatch.analysis.tolerance import level_table, run_table
     from mismatch.report.common import MAX_LEGEND
     from mismatch.report.sweep import levels_figure, seed_curves_figure
     from mismatch.verdict import Tolerance
-    from tests.opd.test_tolerance import BASE, _run
+    from tests.analysis.test_tolerance import BASE, _run
 
     rollouts = ["none", *(f"stale:{k}" for k in range(1, 11)), "fp8-e4m3", "int4:group128", "int8:channel"]
     lrs = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)  # 9 series per source: more than one legend holds
@@ -102,9 +101,9 @@ def test_write_reports_computes_the_analysis_once(tmp_path, monkeypatch):
     (`run_table`) run once per report, not once per writer."""
     import dataclasses
 
-    from mismatch.opd import tolerance
+    from mismatch.analysis import tolerance
     from mismatch.report import write_reports
-    from tests.opd.test_tolerance import BASE, _run
+    from tests.analysis.test_tolerance import BASE, _run
 
     calls = {"run_table": 0, "level_table": 0}
     for name in calls:
@@ -129,7 +128,7 @@ def test_reports_are_the_same_whatever_order_the_runs_finished_in(tmp_path):
     import random
 
     from mismatch.report import write_reports
-    from tests.opd.test_tolerance import BASE, DELTAS, _run
+    from tests.analysis.test_tolerance import BASE, DELTAS, _run
 
     frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40 + (d[0][s] if s < len(d[0]) else 0) / 100,
                    d[1] if r != "none" else 1.0, mismatch=0.01 * (1 + s))

@@ -4,8 +4,6 @@ levels grow, each new seed with its clean twin, capped), rounds replayed from di
 run with `decide` end to end."""
 
 import dataclasses
-import math
-import statistics
 
 import pandas as pd
 import pytest
@@ -14,13 +12,13 @@ from typer.testing import CliRunner
 from mismatch.cli.app import app
 from mismatch.opd import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.opd.tolerance import judge_level, level_table, run_table
-from mismatch.results import read_results, tidy
+from mismatch.analysis.tolerance import judge_level, level_table, run_table
+from mismatch.results import read_results
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
-from mismatch.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
+from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
 from mismatch.sweep.decide import next_round, rounds
 from mismatch.verdict import DEFAULT_TOLERANCE
-from tests.opd.test_tolerance import STAMP
+from tests.conftest import opd_rows
 
 BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4)
 
@@ -88,10 +86,8 @@ def test_the_simulation_calls_the_rule_the_analysis_calls():
 
 
 def _run(config: OPDConfig, acc: float, kl: float = 1.0) -> pd.DataFrame:
-    rows = [{"step": 0, "metric": "heldout_rkl", "value": 2.0}, {"step": 2, "metric": "heldout_rkl", "value": kl},
-            {"step": 0, "metric": "heldout_expected_accuracy", "value": 0.25}, {"step": 2, "metric": "heldout_expected_accuracy", "value": acc},
-            {"step": 1, "metric": "mismatch_kl", "value": 0.01}]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
+    return opd_rows(config, {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_expected_accuracy": {0: 0.25, 2: acc},
+                             "mismatch_kl": {1: 0.01}}, columns=run_columns)
 
 
 # Δ accuracy per seed (points): fp8 clearly within −2, stale:1 straddling it, stale:4 wholly beyond

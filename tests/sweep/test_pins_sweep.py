@@ -11,13 +11,12 @@ import pandas as pd
 from mismatch.opd import OPDConfig
 from mismatch.opd.runs import run_columns
 from mismatch.probes.runs import ProbeConfig
-from mismatch.results import tidy
 from mismatch.sweep import task_id
 from mismatch.sweep.decide import next_round, rounds
 from mismatch.sweep.tasks import execute, pending_tasks
-from mismatch.sequential import DEFAULT_DESIGN
+from mismatch.analysis.sequential import DEFAULT_DESIGN
 from mismatch.verdict import DEFAULT_TOLERANCE
-from tests.opd.test_tolerance import STAMP
+from tests.conftest import opd_rows
 
 
 def test_changed_prompts_under_the_same_file_name_are_a_new_task_that_resume_runs(tmp_path):
@@ -52,10 +51,9 @@ ACC_LIMIT, KL_LIMIT = -DEFAULT_TOLERANCE.acc_tol, 1 + DEFAULT_TOLERANCE.kl_tol
 
 def _run(config: OPDConfig, acc: float, kl: float) -> pd.DataFrame:
     """A finished run's rows as `mismatch.opd.runs` writes them (`tidy(… .assign(level="step"), kind="opd",
-    config=run_columns(config))`, runs.py), with the held-out metrics `trainer.evaluate` records."""
+    config=run_columns(config))`, runs.py), with the held-out metrics `mismatch.opd.evaluate.evaluate` records."""
     values = {"heldout_rkl": {0: 2.0, 2: kl}, "heldout_expected_accuracy": {0: 0.25, 2: acc}, "mismatch_kl": {1: 0.01}}
-    rows = [{"step": s, "metric": m, "value": v} for m, by_step in values.items() for s, v in by_step.items()]
-    return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=run_columns(config), stamp=STAMP)
+    return opd_rows(config, values, columns=run_columns)
 
 
 # per level, per seed: (Δ accuracy in points, KL ratio); the clean twins end at 40% and KL 1.0
@@ -74,7 +72,7 @@ LOOKS = (3, 6, 10, 16)  # the design's looks (docs/sweeps.md); CAP 10 stops at t
 
 def _interval(values: list[float]) -> tuple[float, float]:
     """Mean and the design's half-width at the look n seeds reach, with the level's own sd (no A/A level
-    in these data): `Design.critical`, checked against an independent computation in tests/test_sequential.py."""
+    in these data): `Design.critical`, checked against an independent computation in tests/analysis/test_sequential.py."""
     n = len(values)
     return statistics.fmean(values), DEFAULT_DESIGN.half_width(statistics.stdev(values), n, n - 1)
 

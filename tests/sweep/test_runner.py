@@ -14,15 +14,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mismatch.opd.verdict import verdict_table
+from mismatch.analysis.twins import verdict_table
 from mismatch.opd.runs import run_columns
 from mismatch.results import ROW_KEY, read_results, run_id, summaries
 from mismatch.sweep import load_study, read_ledger, run_study, still_to_run, task_id
 from mismatch.sweep.tasks import LEDGER, write_record
 from mismatch.opd import OPDConfig
 import mismatch
-from mismatch.pairs.registry import member_spec
-from mismatch.rollout_cost import rollout_cost
+from mismatch.pairs.catalog import member_spec
+from mismatch.rollout.cost import rollout_cost
 from mismatch.sweep.estimate import estimates, longest_first, measured_seconds
 
 STUDY = """
