@@ -37,7 +37,7 @@ SMOLLM2_1_7B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=
                     num_key_value_heads=32, vocab_size=49152, max_position_embeddings=8192, rope_theta=130000.0,
                     rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                     hidden_act="silu")
-CHECK = ["--rollout", "fp8-e4m3:channel", "--ref-dtype", "bf16", "--device", "cpu", "--n-prompts", "4",
+CHECK = ["--rollout", "fp8-e4m3:channel", "--ref-dtype", "bf16", "--device", "cpu", "--max-prompts", "4",
          "--max-new-tokens", "32", "--no-recipe", "--json"]
 LONG_T = 8192
 GIB = 1 << 30

@@ -20,12 +20,12 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.txt
 @dataclass(frozen=True)
 class CalibrationSettings:
     """What the check is asked for: calibration `prompts` (a file, one per line, or a list; None: a pair
-    student's held-out task prompts, else the built-in general prompts), the first `n_prompts` of them,
+    student's held-out task prompts, else the built-in general prompts), the first `max_prompts` of them,
     `max_new_tokens` sampled per prompt (None: the pair's response length, else 128; capped to the
     model's context), `chat` (wrap in the chat template; None: when the tokenizer has one)."""
 
     prompts: str | Path | tuple[str, ...] | list[str] | None = None
-    n_prompts: int = 16
+    max_prompts: int = 16
     max_new_tokens: int | None = None
     chat: bool | None = None
 
@@ -41,13 +41,13 @@ class Calibration:
     max_new_tokens: int | None = None  # None: the caller's default
 
 
-def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_prompts: int, seed: int
+def calibration_prompts(model: str, prompts: str | Path | list[str] | None, max_prompts: int, seed: int
                         ) -> Calibration:
     """The user's prompts (a file or a list), else a pair student's own held-out task prompts (with
     the pair's chat setting, context and response length), else the built-in general prompts; the
-    first `n_prompts` of them."""
-    if n_prompts < 1:
-        raise InputError(f"n_prompts must be ≥ 1, got {n_prompts}")
+    first `max_prompts` of them."""
+    if max_prompts < 1:
+        raise InputError(f"max_prompts must be ≥ 1, got {max_prompts}")
     pair_name, _, role = model.rpartition(":")
     if prompts is None and pair_name in PAIRS:
         from mismatch.pairs import load_pair
@@ -55,7 +55,7 @@ def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_pr
         pair = load_pair(pair_name)
         if pair.task is not None:
             context = pair.student_context if role == "student" else pair.teacher_context
-            return Calibration(pair.prompts("held_out", n_prompts, seed=seed), f"{pair_name} held-out task prompts",
+            return Calibration(pair.prompts("held_out", max_prompts, seed=seed), f"{pair_name} held-out task prompts",
                                pair.chat, context, pair.max_new_tokens)
     if prompts is None:
         texts, source = read_prompts(DEFAULT_PROMPTS), "built-in general prompts"
@@ -65,7 +65,7 @@ def calibration_prompts(model: str, prompts: str | Path | list[str] | None, n_pr
         texts, source = list(prompts), "given prompts"
     if not texts:
         raise InputError("no calibration prompts")
-    return Calibration(texts[:n_prompts], source, None)
+    return Calibration(texts[:max_prompts], source, None)
 
 
 def wanted_tokens(max_new_tokens: int | None, cal: Calibration) -> int:
@@ -94,4 +94,4 @@ def small_calibration_notes(sequences: int) -> list[str]:
     if sequences >= MIN_SEQUENCES:
         return []
     return [f"only {sequences} calibration sequence{'s' if sequences != 1 else ''}: a 95% interval bootstrapped "
-            f"over so few means little (use ≥ {MIN_SEQUENCES}: --n-prompts, or a larger dump)"]
+            f"over so few means little (use ≥ {MIN_SEQUENCES}: --max-prompts, or a larger dump)"]

@@ -32,10 +32,11 @@ model teacher-forced (`mismatch.dumps.score_rollouts`); no recipe and no cost (t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,7 +51,7 @@ from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.dumps import score_rollouts
-from mismatch.rollout.source import open_source
+from mismatch.rollout.source import RolloutSource, open_source
 from mismatch.errors import InputError, of_type
 from mismatch.model.generate import Batch
 from mismatch.model.loader import LM, parse_dtype
@@ -63,6 +64,7 @@ from mismatch.opd.precision import trainer_precision
 from mismatch.defaults import DEFAULT_CLIP
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
+NO_COPY = "none"  # the static copy of `stale:K` / `reuse:R`: the model itself
 # With `offload=None` the rollout copy's originals leave memory while it runs when the model's parameters take at
 # least this much: below, a second copy costs less than writing the weights out and reading them back twice.
 OFFLOAD_BYTES = 1 << 30
@@ -209,8 +211,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
 
     Args:
         model: anything `mismatch.load` takes (a local checkpoint, a built-in, `PAIR:student`), or an LM.
-        rollout: the rollout copy's perturbation spec (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`,
-            …); the lag and reuse are the `pipeline`'s. None: `DEFAULT_ROLLOUT`, unless `dump` is given.
+        rollout: the rollout copy in OPD's grammar (`mismatch.rollout.spec`): a perturbation spec
+            (`fp8-e4m3:block128`, `int4:group128`, `bnb-nf4`, …), or `stale:K` / `reuse:R` (the model itself,
+            lagged: the pipeline's lag, so not given in `pipeline` too); a perturbation with a lag takes the lag
+            from `pipeline`. None: `DEFAULT_ROLLOUT`, unless `dump` is given.
         layers: the spec's layer scope (`linear`, `attn`, index ranges, a regex; `mismatch.perturb`).
         calibration: which prompts, how many, how many new tokens, chat or not (`CalibrationSettings`).
         pipeline: the intended pipeline's staleness K, reuse R and trainer settings.
@@ -253,13 +257,14 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
             raise InputError("give either a rollout spec or a rollout dump, not both")
         return _check_dump(model, dump, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
-    spec = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout)
+    spec, pipeline = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout, pipeline)
     if teacher is not None and pipeline.lags:
         trainer_precision(ref_dtype)  # a lag is measured by training the checkpoint: refused before it is loaded
+    static = NO_COPY if spec is None else str(spec)  # what the check samples with and scores
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope
-    cal = calibration_prompts(name, calibration.prompts, calibration.n_prompts, seed)
+    cal = calibration_prompts(name, calibration.prompts, calibration.max_prompts, seed)
     use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
@@ -269,27 +274,28 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         offload = sum(p.nbytes for p in lm.model.parameters()) >= OFFLOAD_BYTES
     sample = dict(chat=use_chat, context=cal.context if use_chat else (), max_new_tokens=new_tokens, seed=seed,
                   clip=clip, offload=offload)
-    say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {spec} [{layers}], scoring them")
-    metrics, decisions, batch = measure(lm, str(spec), layers, cal.texts, gates, **sample)
+    say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {static} [{layers}], scoring them")
+    metrics, decisions, batch = measure(lm, static, layers, cal.texts, gates, **sample)
     lagged = _lagged(table, pipeline) if teacher is None or not pipeline.lags else [
         _measured_lag(lm, name, teacher, table, pipeline, cal, sample, say)]
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
-            "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {spec} [{layers}]",
+            "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {static} [{layers}]",
             "ref_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}
-    drift = _drift_margin(table, decisions[0], RolloutSpec.parse(str(spec)).source) if fitted else (None, "")
+    drift = _drift_margin(table, decisions[0], RolloutSpec.parse(static).source) if fitted and spec else (None, "")
     assumed = _pipeline_tokens(pipeline, used["tokens"], used["sequences"], "calibration responses'")
     length = _length_margin(table, decisions[0], assumed) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
-    admission = Admission(model=name, rollout=str(spec), layers=layers,
+    admission = Admission(model=name, rollout=static, layers=layers,
                           status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
                           notes=[*small_calibration_notes(used["sequences"]),
                                  *(n for _, n in (drift, length, *lagged) if n)],
                           calibration=used)
-    searched = recipe if recipe is not None else decisions[0].status == "reject"  # asked for, or the fitted gate failed
+    # asked for, or the fitted gate failed; never for the model itself (nothing to keep out of a perturbation)
+    searched = spec is not None and (recipe if recipe is not None else decisions[0].status == "reject")
     if recipe is False and decisions[0].status == "reject":
         admission.notes.append("no recipe searched (recipe=False, `--no-recipe`)")
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample, say) if searched else []
-    admission.cost = _cost(lm, spec, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
+    admission.cost = _cost(lm, static, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
     return admission
 
 
@@ -397,11 +403,19 @@ def _sampled(batch) -> dict[str, int]:
     return {"sequences": int(batch.response_mask.any(1).sum()), "tokens": batch.response_tokens}
 
 
-def _rollout_spec(rollout: str):
-    """The rollout copy's perturbation config; staleness and reuse are the pipeline's, given apart."""
-    if RolloutSpec.parse(rollout).source in ("stale", "reuse"):
-        raise InputError(f"{rollout}: give staleness and reuse apart from the rollout spec (--staleness K, --reuse R)")
-    return parse_spec(rollout)
+def _rollout_spec(rollout: str, pipeline: Pipeline) -> tuple[object | None, Pipeline]:
+    """The static copy's perturbation config (None: the model itself) and the pipeline, from a rollout string in
+    OPD's grammar (`mismatch.rollout.spec`): a perturbation spec, or `stale:K` / `reuse:R` — the model itself,
+    lagged, which is the pipeline's lag (given here or as `staleness` / `reuse`, not both)."""
+    parsed = RolloutSpec.parse(rollout)
+    if parsed.resample or parsed.engine is not None:
+        raise InputError(f"{rollout}: the check takes a perturbation spec, stale:K or reuse:R (an engine's rollouts: "
+                         "its dump, --dump)")
+    if parsed.staleness or parsed.reuse > 1:
+        if pipeline.lags:
+            raise InputError(f"{rollout}: give the lag once, in the rollout spec or as staleness / reuse")
+        pipeline = replace(pipeline, staleness=parsed.staleness, reuse=parsed.reuse)
+    return (None if parsed.perturbation is None else parse_spec(rollout)), pipeline
 
 
 def _loaded(model: str | LM, seed: int, dtype: str | torch.dtype = "fp32", device: str | torch.device = "cpu") -> tuple[str, LM]:
@@ -488,15 +502,21 @@ def measure(lm: LM, spec: str, layers: str, texts: list[str], gates: list[Gate],
             offload: bool = False) -> tuple[dict[str, float], list[Decision], Batch]:
     """Sample the calibration responses with `lm` under `spec` on `layers`, score them by `lm`
     (reference pass) and by the rollout copy (candidate pass), and apply `gates`; with `offload` the rollout
-    copy's originals leave memory while it runs (`mismatch.perturb.perturb_`).
+    copy's originals leave memory while it runs (`mismatch.perturb.perturb_`). `spec` `none` (`NO_COPY`): the
+    copy is `lm` itself — a lagged or reused copy before its first update — and every statistic is 0.
 
     Returns:
         `(metrics, decisions, batch)`: every statistic, one `Decision` per gate, the sampled batch.
     """
-    with open_source(lm, spec, layers, seed=seed, offload=offload) as source:  # sampled as the rollout copy would
+    def copy():  # the rollout copy for one block: `lm` under `spec`, or `lm` itself
+        if spec == NO_COPY:
+            return contextlib.nullcontext(RolloutSource(lm, lm.tokenizer))
+        return open_source(lm, spec, layers, seed=seed, offload=offload)
+
+    with copy() as source:  # sampled as the rollout copy would
         batch = source.generate(texts, max_new_tokens=max_new_tokens, chat=chat, context=context, seed=seed)
-    ref = reference(lm, batch.input_ids, batch.attention_mask, batch.response_mask, per_layer=False)
-    with open_source(lm, spec, layers, seed=seed, offload=offload) as source:
+    ref = reference(lm, batch, per_layer=False)
+    with copy() as source:
         result = probe(ref, source.candidate, per_layer=False, clip=clip)
     tok = result.per_token
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),

@@ -43,9 +43,6 @@ def options(debug: bool = typer.Option(False, "--debug", help="On an unexpected 
         os.environ[DEBUG_ENV] = "1"
 
 
-USAGE_ERROR = typer.BadParameter.__mro__[1]  # typer's own click UsageError: a bad, unknown or missing option
-
-
 def main() -> None:
     """The console script: `app`, with a usage error (`--max-new-tokens abc`) as the same one `error:`
     line every other error is (exit 2) and an interrupt outside a command as one line (exit 130). Its
@@ -55,11 +52,12 @@ def main() -> None:
     try:
         code = app(prog_name="mismatch", standalone_mode=False)  # a command's typer.Exit code, else None
         sys.exit(code if isinstance(code, int) else 0)
-    except USAGE_ERROR as exc:
+    except typer.TyperException as exc:  # typer's (vendored click's) errors: a bad, unknown or missing option
         if type(exc).__name__ == "NoArgsIsHelpError":  # `mismatch` or a group alone: its help, as click prints it
             exc.show()
             sys.exit(2)
-        where = exc.ctx.command_path if exc.ctx else "mismatch"
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx else "mismatch"
         typer.echo(f"error: {exc.format_message().splitlines()[0]} (see `{where} --help`)", err=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
@@ -69,10 +67,11 @@ def main() -> None:
 
 # one module per command group; each command goes through the one error handler (`common.command`)
 for _name, _fn in (("models", probe.models), ("probe", probe.probe), ("opd", opd.opd), ("sweep", sweep.sweep),
-                  ("report", report.report), ("add-costs", report.add_costs), ("check", check.check),
+                  ("report", report.report), ("check", check.check),
                   ("thresholds", check.thresholds), ("score-rollouts", engines.score_rollouts),
                   ("monitor", monitor.monitor)):
     command(app, _name)(_fn)
+command(app, "add-costs", hidden=True)(report.add_costs)  # a migration of old results: off the menu
 pairs_app.callback()(pairs.pairs)
 command(pairs_app, "show")(pairs.pairs_show)
 command(pairs_app, "build")(pairs.pairs_build)

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, Device, KlTol, Threads, early, err, out, stages
+from mismatch.cli.common import (AccTol, Device, Json, KlTol, Layers, LearningRate, Loss, Threads, ThresholdsFile, TisCap,
+                                 early, err, out, stages)
 from mismatch.files import json_text
 
 EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
@@ -16,24 +17,26 @@ EXIT = {"admit": 0, "reject": 1, "uncertain": 3}
 
 def check(
     model: Annotated[str, typer.Argument(help="Model spec: a local checkpoint, a built-in, PAIR:student.")],
-    rollout: Annotated[str | None, typer.Option(help="The rollout copy's spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …).")] = None,
+    rollout: Annotated[str | None, typer.Option(help="The rollout copy, as `mismatch opd --rollout` takes it: a "
+                                                   "perturbation spec (fp8-e4m3:block128, int4:group128, bnb-nf4, …), "
+                                                   "or stale:K / reuse:R (the model itself, lagged).")] = None,
     dump: Annotated[Path | None, typer.Option(help="Instead of --rollout: an engine's rollout dump to score "
                                                        "(vLLM, SGLang, OpenAI, prime-rl, slime: see `mismatch "
                                                        "score-rollouts`).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Calibration prompts, one per line (default: built-in).")] = None,
-    layers: Annotated[str, typer.Option(help="Layer scope of the rollout spec.")] = "linear",
+    layers: Layers = "linear",
     staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (measured with --teacher, else "
                                                 "carried over from the study at the same settings).")] = 0,
     reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (as --staleness).")] = 1,
     teacher: Annotated[str | None, typer.Option(help="The OPD teacher: measure --staleness / --reuse on MODEL by "
                                                      "running the pipeline's first OPD steps.")] = None,
-    lr: Annotated[float, typer.Option(help="The trainer's learning rate (a lag depends on it).")] = 1e-3,
+    lr: LearningRate = 1e-3,
     adam_beta1: Annotated[float, typer.Option(help="The trainer's AdamW β1.")] = 0.9,
-    loss: Annotated[str, typer.Option(help="The trainer's OPD loss (full-rkl, pg-rkl, pg-rkl-is, …).")] = "full-rkl",
-    tis_cap: Annotated[float | None, typer.Option(help="The trainer's truncated importance-sampling cap (default off).")] = None,
+    loss: Loss = "full-rkl",
+    tis_cap: TisCap = None,
     preset: Annotated[list[str] | None, typer.Option(help="Also apply practitioners' gates: verl, slime, nemo-rl.")] = None,
-    thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`).")] = None,
-    n_prompts: Annotated[int, typer.Option(help="Calibration prompts to sample.")] = 16,
+    thresholds: ThresholdsFile = None,
+    max_prompts: Annotated[int, typer.Option(help="Calibration prompts: at most this many (of --prompts, the pair's held-out set, or the built-in prompts).")] = 16,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per calibration response (default 128).")] = None,
     response_tokens: Annotated[float | None, typer.Option(help="The pipeline's mean response length in tokens, where "
                                                               "the limits are applied (default: the calibration's "
@@ -43,7 +46,7 @@ def check(
                                                 "or fp16.")] = "fp32",
     recipe: Annotated[bool | None, typer.Option("--recipe/--no-recipe", help="Search a mixed-precision recipe "
                                                 "whatever the answer / never (default: on a reject).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the whole Admission as JSON.")] = False,
+    json_out: Json = False,
     device: Device = "auto",
     offload: Annotated[bool | None, typer.Option("--offload/--no-offload", help="Keep the weights the rollout copy "
                                                  "replaced out of memory while it runs (host memory from a GPU, a "
@@ -61,7 +64,7 @@ def check(
 
     trainer = admission_lib.TrainerSettings(lr=lr, adam_beta1=adam_beta1, loss=loss, tis_cap=tis_cap)
     with stages(f"checking {rollout or dump} on {model}") as say:
-        calibration = admission_lib.CalibrationSettings(prompts=prompts, n_prompts=n_prompts,
+        calibration = admission_lib.CalibrationSettings(prompts=prompts, max_prompts=max_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,
                                         pipeline=admission_lib.Pipeline(staleness=staleness, reuse=reuse, trainer=trainer,
@@ -84,6 +87,7 @@ def thresholds(
     kl_tol: KlTol = Tolerance.kl_tol,
     acc_tol: AccTol = Tolerance.acc_tol,
     threads: Threads = None,
+    json_out: Json = False,
 ) -> None:
     """Fit admission thresholds from a study's results (the shipped ones come from sweeps/paper.toml)."""
     from mismatch import admission as admission_lib
@@ -92,5 +96,9 @@ def thresholds(
 
     check_writable(out_path, "--out", folder=False)  # before the fit, not after it
     fitted = admission_lib.fit_thresholds(results, tolerance=Tolerance(acc_tol=acc_tol, kl_tol=kl_tol))
-    out.print(console.thresholds_table(fitted))
-    console.wrote(err, fitted.to_json(out_path))
+    written = fitted.to_json(out_path)
+    if json_out:
+        typer.echo(written.read_text(encoding="utf-8").rstrip())  # the file's own JSON
+    else:
+        out.print(console.thresholds_table(fitted))
+    console.wrote(err, written)

@@ -22,6 +22,15 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get 
 Out = Annotated[Path | None, typer.Option("--out", help="Results: a dataset directory or a .parquet/.csv file.")]
 Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead of appending, once the command "
                                                  "has succeeded (a failed or interrupted one removes nothing).")]
+Layers = Annotated[str, typer.Option(help="The perturbation's layer scope: linear, all, attn, mlp, experts, router, "
+                                            "lm_head, block indices (0-3,7) or a regex.")]
+Loss = Annotated[str, typer.Option(help="The OPD loss: full-rkl, full-fkl, pg-rkl or pg-rkl-is.")]
+LearningRate = Annotated[float, typer.Option("--lr", help="The trainer's AdamW learning rate.")]
+TisCap = Annotated[float | None, typer.Option(help="Truncated importance sampling cap C: token weights min(π_S/π_R, C); "
+                                                   "off by default.")]
+ThresholdsFile = Annotated[Path | None, typer.Option("--thresholds", help="Fitted limits JSON (`mismatch thresholds`; "
+                                                                         "default: the shipped ones).")]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (stdout), nothing else.")]
 Clip = Annotated[float, typer.Option(help="Importance ratios outside [1/CLIP, CLIP] count in is_ratio_outside_frac.")]
 KlTol = Annotated[float, typer.Option(help="OPD verdict: final held-out KL within (1 + KL_TOL) × clean.")]
 AccTol = Annotated[float, typer.Option(help="OPD verdict: final accuracy at least clean − ACC_TOL.")]
@@ -127,8 +136,8 @@ def unexpected(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}{hint}"
 
 
-def command(group: typer.Typer, name: str | None = None):
-    """Register a command on `group` with one-line errors (exit 2: a user error, and any unexpected one,
+def command(group: typer.Typer, name: str | None = None, *, hidden: bool = False):
+    """Register a command on `group` (`hidden`: callable, but off the menu) with one-line errors (exit 2: a user error, and any unexpected one,
     whose traceback only `--debug` prints, so exit 1 and 3 stay verdicts), one line on an interrupt saying
     what was kept (exit 130) and quiet `transformers` logging."""
     def register(fn):
@@ -151,5 +160,5 @@ def command(group: typer.Typer, name: str | None = None):
                 if debugging():
                     traceback.print_exc()
                 raise typer.Exit(2) from None
-        return group.command(name)(wrapper)
+        return group.command(name, hidden=hidden)(wrapper)
     return register

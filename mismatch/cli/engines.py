@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.defaults import DEFAULT_CLIP
-from mismatch.cli.common import Clip, Device, Threads, early, err, out
+from mismatch.cli.common import Clip, Device, Json, Threads, early, err, out
 from mismatch.errors import InputError
 from mismatch.files import json_text
 
@@ -27,7 +27,7 @@ def score_rollouts(
     out_path: Annotated[Path | None, typer.Option("--out", help="Write the per-token table (.parquet or .csv).")] = None,
     clip: Clip = DEFAULT_CLIP,
     text_check: Annotated[bool, typer.Option(help="Check each response's ids decode to the engine's text.")] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    json_out: Json = False,
     ref_dtype: Annotated[str, typer.Option(help="The trainer's precision, MODEL's dtype: fp32, bf16 or fp16.")] = "fp32",
     device: Device = "auto",
     threads: Threads = None,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Threads, early, err, out
+from mismatch.cli.common import Json, Threads, ThresholdsFile, early, err, out
 from mismatch.files import json_text
 from mismatch.monitor.settings import MonitorSettings  # stdlib only: the defaults live on its fields
 
@@ -17,13 +17,13 @@ EXIT = {"within": 0, "crossed": 1, "rising": 3}
 def monitor(
     log: Annotated[Path, typer.Argument(help="The run's log: trainer_state.json (or a TRL output dir), TensorBoard "
                                              "events, JSON lines of metric dicts (verl, prime-rl), or a results dataset.")],
-    thresholds: Annotated[Path | None, typer.Option(help="Fitted thresholds JSON (`mismatch thresholds`; default: the shipped ones).")] = None,
+    thresholds: ThresholdsFile = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write monitor.png, monitor.csv and monitor.json here.")] = None,
     patience: Annotated[int, typer.Option(help="Consecutive logged steps above the limit that make an alarm.")] = MonitorSettings.patience,
     total_steps: Annotated[int | None, typer.Option(help="The run's planned steps: a rising trend is flagged when its line reaches the limit by then (default: the logged span once more).")] = None,
     trend_steps: Annotated[int, typer.Option(help="The last logged steps the trend line is fitted to.")] = MonitorSettings.trend_steps,
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    json_out: Json = False,
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
     threads: Threads = None,
 ) -> None:

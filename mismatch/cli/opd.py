@@ -8,19 +8,20 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import AccTol, Device, KlTol, Out, Overwrite, Threads, early, err, out
+from mismatch.files import json_text
+from mismatch.cli.common import AccTol, Device, Json, KlTol, Layers, LearningRate, Loss, Out, Overwrite, Threads, TisCap, early, err, out
 
 
 def opd(
     pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
     rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,
     staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (also with --rollout).")] = 0,
-    layers: Annotated[str, typer.Option(help="Layer scope of the rollout perturbation.")] = "linear",
-    loss: Annotated[str, typer.Option(help="pg-rkl, pg-rkl-is, full-rkl or full-fkl.")] = "full-rkl",
+    layers: Layers = "linear",
+    loss: Loss = "full-rkl",
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
     batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
-    tis_cap: Annotated[float | None, typer.Option(help="TIS cap C: token weights min(π_S/π_R, C).")] = None,
+    lr: LearningRate = 1e-3,
+    tis_cap: TisCap = None,
     temperature: Annotated[float, typer.Option(help="Rollout sampling temperature.")] = 1.0,
     top_p: Annotated[float | None, typer.Option(help="Rollout nucleus sampling; off by default.")] = None,
     eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps.")] = 10,
@@ -36,6 +37,7 @@ def opd(
     device: Device = "auto",
     ref_dtype: Annotated[str, typer.Option(help="The trainer's precision: fp32, or bf16 (a bf16 compute copy of "
                                                 "the student over fp32 master weights, the teacher in bf16).")] = "fp32",
+    json_out: Json = False,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""
     early(specs=tuple(rollout or ()))
@@ -53,6 +55,9 @@ def opd(
         rows = opd_lib.run_all(configs, out=out_path, overwrite=overwrite, save_to=save, progress=progress)
     title = f"OPD on {base.pair}, {base.loss}, {base.steps} steps, seed {seed}"
     tolerance = Tolerance(acc_tol=acc_tol, kl_tol=kl_tol)
-    out.print(console.verdict_table(run_verdicts(rows, tolerance=tolerance), title=title, tolerance=tolerance,
-                                    baseline=baseline))
+    verdicts = run_verdicts(rows, tolerance=tolerance)
+    if json_out:  # one record per run: its settings, its comparison with its clean twin, its level's verdict
+        typer.echo(json_text(verdicts.to_dict("records")))
+    else:
+        out.print(console.verdict_table(verdicts, title=title, tolerance=tolerance, baseline=baseline))
     console.wrote(err, out_path, save)

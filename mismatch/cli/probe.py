@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from mismatch.defaults import DEFAULT_CLIP
-from mismatch.cli.common import Clip, Device, Out, Overwrite, Threads, early, err, out
+from mismatch.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_CLIP
+from mismatch.files import json_text
+from mismatch.cli.common import Clip, Device, Json, Layers, Out, Overwrite, Threads, early, err, out
 
 
 def models() -> None:
@@ -29,7 +30,7 @@ def probe(
                                                         "with --perturb (the reference perturbed in place).")] = None,
     perturb: Annotated[list[str] | None, typer.Option(help="Perturbation spec of the candidate (fp8-e4m3:channel, "
                                                            "int4:group128, bnb-nf4, …); repeatable.")] = None,
-    layers: Annotated[str, typer.Option(help="--perturb scope: linear, all, attn, mlp, experts, router, lm_head, 0-3,7, regex.")] = "linear",
+    layers: Layers = "linear",
     each_layer: Annotated[bool, typer.Option(help="Isolation map: each SPEC on one block at a time.")] = False,
     prompts: Annotated[Path | None, typer.Option(help="Text file, one prompt per line.")] = None,
     text: Annotated[list[str] | None, typer.Option(help="A prompt given inline; repeatable.")] = None,
@@ -43,11 +44,12 @@ def probe(
     cand_dtype: Annotated[str, typer.Option(help="Candidate dtype: fp32, bf16 or fp16.")] = "fp32",
     per_layer: Annotated[bool, typer.Option(help="Also compare every layer's hidden states.")] = True,
     clip: Clip = DEFAULT_CLIP,
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = 1024,
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk of full-vocabulary work.")] = DEFAULT_CHUNK_TOKENS,
     out_path: Out = None,
     overwrite: Overwrite = False,
     device: Device = "auto",
     threads: Threads = None,
+    json_out: Json = False,
 ) -> None:
     """Probe how far a candidate's next-token distributions are from REFERENCE's."""
     early(models=(reference, candidate), specs=tuple(perturb or ()), files=(("prompts file not found: {path}", prompts),))
@@ -61,5 +63,10 @@ def probe(
                          cand_dtype=cand_dtype, per_layer=per_layer, clip=clip, chunk_tokens=chunk_tokens)
     with err.status("probing…") as status:
         results = run_probes(config, out=out_path, overwrite=overwrite, status=status.update, device=device)
-    out.print(console.probe_table(config, results))
+    if json_out:
+        typer.echo(json_text([{"perturb": r.perturb, "layers": r.layers, "reference": r.result.reference,
+                               "candidate": r.result.candidate, "summary": r.result.summary, "notes": r.result.notes}
+                              for r in results]))
+    else:
+        out.print(console.probe_table(config, results))
     console.wrote(err, out_path)

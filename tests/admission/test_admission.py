@@ -162,6 +162,11 @@ def test_staleness_carries_over_the_study_verdict(k, status):
     carried = [d for d in got.decisions if d.metric.startswith("study/")]  # it decides, so it is a decision
     assert [(d.metric, d.status) for d in carried] == ([] if k == 0 else [(f"study/stale:{k}", status)])
     assert got.to_dict()["decisions"][-1]["metric"] == (f"study/stale:{k}" if k else "mismatch_kl")
+    if k:  # OPD's grammar: `stale:K` is the model itself, K steps behind — the same decisions, every statistic 0
+        same = check(lm, f"stale:{k}", calibration=CalibrationSettings(prompts=PROMPTS, max_new_tokens=4),
+                     thresholds=_thresholds(1.0, LAGGED))
+        assert same.rollout == "none" and same.recipe is None and same.metrics["mismatch_kl"] == 0.0
+        assert [(d.metric, d.status) for d in same.decisions] == [(d.metric, d.status) for d in got.decisions]
 
 
 def test_a_lag_at_settings_no_study_ran_is_uncertain_and_says_which():
@@ -295,8 +300,10 @@ def test_bad_input_is_a_clear_error():
         TrainerSettings(loss="kl")
     with pytest.raises(InputError, match="lr > 0"):
         TrainerSettings(lr=0.0)
-    with pytest.raises(InputError, match="apart from the rollout spec"):
-        check(lm, "stale:1", calibration=CalibrationSettings(prompts=PROMPTS))
+    with pytest.raises(InputError, match="give the lag once"):
+        check(lm, "stale:1", calibration=CalibrationSettings(prompts=PROMPTS), pipeline=Pipeline(staleness=2))
+    with pytest.raises(InputError, match="--dump"):
+        check(lm, "resample:1", calibration=CalibrationSettings(prompts=PROMPTS))
     with pytest.raises(InputError, match="unknown"):
         check(lm, "fp9", calibration=CalibrationSettings(prompts=PROMPTS))
     with pytest.raises(InputError, match="context"):
@@ -384,7 +391,7 @@ def test_a_calibration_of_two_sequences_says_its_interval_means_little():
     lm = mismatch.load("tiny-llama")
     small = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS[:2], max_new_tokens=4), thresholds={"mismatch_kl": 1.0})
     assert small.calibration["sequences"] == 2 and any("only 2 calibration sequences" in n for n in small.notes)
-    enough = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS * 4, max_new_tokens=4, n_prompts=8), thresholds={"mismatch_kl": 1.0})
+    enough = check(lm, "noise:0", calibration=CalibrationSettings(prompts=PROMPTS * 4, max_new_tokens=4, max_prompts=8), thresholds={"mismatch_kl": 1.0})
     assert enough.calibration["sequences"] >= 8 and not any("calibration sequence" in n for n in enough.notes)
 
 

@@ -68,8 +68,8 @@ def _run(config, acc, first_kl):
                              "mismatch_kl": {1: first_kl, 2: 5 * first_kl}})
 
 
-@pytest.fixture
-def study():
+def study_rows() -> pd.DataFrame:
+    """The rows of a small study: three pairs' levels with their clean twins, three seeds (`STUDY`)."""
     frames = []
     for pair, levels in STUDY.items():
         base = OPDConfig(pair=pair, steps=2, batch_size=4)
@@ -80,6 +80,11 @@ def study():
                                    0.5 + (delta + 0.2 * seed - 0.1) / 100, kl * (1 + 0.1 * seed - 0.05)))
             frames.append(_run(dataclasses.replace(base, rollout="stale:2", seed=seed), 0.40, 0.0))
     return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture
+def study():
+    return study_rows()
 
 
 def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_out(study, tmp_path):

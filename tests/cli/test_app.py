@@ -420,9 +420,32 @@ def test_check_offload_flag_reaches_the_check_and_changes_no_number():
 
     from mismatch.cli.app import app
 
-    argv = ["check", "tiny-llama", "--rollout", "int4:group128", "--n-prompts", "2", "--max-new-tokens", "4",
+    argv = ["check", "tiny-llama", "--rollout", "int4:group128", "--max-prompts", "2", "--max-new-tokens", "4",
             "--no-recipe", "--json", "--device", "cpu"]
     runs = [CliRunner().invoke(app, [*argv, flag]) for flag in ("--offload", "--no-offload")]
     assert all(r.exit_code in (0, 1, 3) for r in runs), [r.output[-300:] for r in runs]
     one, two = (_json.loads(r.stdout) for r in runs)
     assert one["metrics"] == two["metrics"] and one["status"] == two["status"]
+
+
+def test_json_is_the_result_on_stdout_alone(tmp_path):
+    """`--json` prints the command's result as strict JSON on stdout — the probe's summaries (equal to the rows
+    it wrote), the thresholds (the file it wrote) — and nothing else there; what was written goes to stderr."""
+    import json
+
+    out = tmp_path / "p.parquet"
+    res = runner.invoke(app, ["probe", "tiny-llama", "--perturb", "noise:0.01", "--text", "hello world", "--out",
+                              str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    (got,) = json.loads(res.stdout)
+    summ = summaries(read_results(out)).iloc[0]
+    assert got["perturb"] == "noise:0.01" and got["summary"]["kl_fwd_mean"] == summ["kl_fwd_mean"]
+    assert "wrote" not in res.stdout and "wrote" in res.stderr
+
+    from tests.admission.test_thresholds import study_rows  # a small study with clean twins and decided levels
+
+    study_rows().to_parquet(tmp_path / "study.parquet")
+    fitted = tmp_path / "t.json"
+    res = runner.invoke(app, ["thresholds", str(tmp_path / "study.parquet"), "--out", str(fitted), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == json.loads(fitted.read_text())

@@ -141,7 +141,7 @@ def test_a_spread_model_checks_as_the_whole_one_and_gets_its_weights_back_bitwis
     spread(lm.model, _per_module_map(lm.model), hooks=True)
     assert hasattr(lm.model.model.layers[0], "_hf_hook")  # the hooked path, not a plain move
     before = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
-    settings = dict(rollout="int4:group128", recipe=False, calibration=CalibrationSettings(n_prompts=4))
+    settings = dict(rollout="int4:group128", recipe=False, calibration=CalibrationSettings(max_prompts=4))
     expected, got = mismatch.check(plain, **settings), mismatch.check(lm, **settings)
     assert got.status == expected.status and got.metrics == expected.metrics
     assert all(torch.equal(p, before[n]) for n, p in lm.model.named_parameters())
