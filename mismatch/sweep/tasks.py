@@ -25,7 +25,7 @@ import torch
 from mismatch.errors import DISK_FULL
 from mismatch.files import atomic_write_text
 from mismatch.hashing import content_hash
-from mismatch.model.loader import sha256_file
+from mismatch.hashing import sha256_file
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_all, run_columns
 from mismatch.probes.runs import ProbeConfig, model_digests, run_probes

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from mismatch.opd.config import OPDConfig
-from mismatch.report.sweep import write_sweep_report
+from mismatch.report.tolerance import write_tolerance_report
 from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
 from mismatch.results import tidy
@@ -132,7 +132,7 @@ def test_tolerance_table_reads_the_ladder(rows):
 
 
 def test_the_report_writes_tables_and_figures(rows, tmp_path):
-    written = write_sweep_report(rows, tmp_path)
+    written = write_tolerance_report(rows, tmp_path)
     names = [p.name for p in written]
     assert names == ["tolerance.md", "tolerance.csv", "tolerance_levels.csv", "noise_floor.csv", "headline.md",
                      "tolerance_levels.png", "tolerance_vs_mismatch.png", "seed_curves.png"]
@@ -157,7 +157,7 @@ def test_a_dataset_without_accuracy_still_gets_its_figures(rows, tmp_path):
     """A real pair logs no accuracy (smollm2-pruned is judged on the held-out KL alone): the report still
     writes every figure, its Δ-accuracy panels saying they have no data, and judges on the KL ratio."""
     kl_only = rows[~rows["metric"].isin(["heldout_expected_accuracy"])]
-    written = write_sweep_report(kl_only, tmp_path)
+    written = write_tolerance_report(kl_only, tmp_path)
     assert {"tolerance_levels.png", "tolerance_vs_mismatch.png"} <= {p.name for p in written}
     levels = pd.read_csv(tmp_path / "tolerance_levels.csv")
     assert levels["acc_delta"].isna().all() and set(levels["judged_on"]) == {"KL ratio"}

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 import mismatch
 from mismatch.cli.app import app
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError
-from mismatch.model.loader import sha256_file
+from mismatch.hashing import sha256_file
 from mismatch.pairs.build import parameter_count
 from mismatch.pairs.evaluate import greedy_accuracy, sampled_accuracy
 from mismatch.pairs import catalog, load
@@ -164,7 +164,7 @@ def test_toml_pair_loads_and_checks_its_vocabulary(tmp_path):
 
 @pytest.mark.smollm2
 def test_vocabulary_mismatch_is_a_clear_error(tmp_path, smollm2):
-    from mismatch.model.loader import smollm2_checkpoint
+    from mismatch.model.smollm2 import smollm2_checkpoint
 
     tiny = mismatch.load("tiny-llama")
     with pytest.raises(VocabMismatchError, match="different tokenizers"):

@@ -1,4 +1,4 @@
-"""Pins on the published tolerance files (`write_sweep_report`): `tolerance_levels.csv`'s copy KL is the
+"""Pins on the published tolerance files (`write_tolerance_report`): `tolerance_levels.csv`'s copy KL is the
 mean over evaluations after step 0, and `noise_floor.csv` counts only clean runs that reached their last
 step — read back from the written files and recomputed here from the raw rows."""
 
@@ -8,7 +8,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from mismatch.report.sweep import write_sweep_report
+from mismatch.report.tolerance import write_tolerance_report
 from tests.opd.test_pins_opd import BASE, COPY_KL, U64, _finished, _rows
 
 
@@ -22,7 +22,7 @@ def test_the_published_copy_kl_and_noise_floor_are_those_of_the_rows(tmp_path):
                             _finished(0.40, 1.0 + 0.1 * seed, by_step)))
     stopped = {m: {s: v for s, v in by_step.items() if s <= 2} for m, by_step in _finished(0.10, 3.0).items()}
     frames.append(_rows(dataclasses.replace(BASE, seed=2), stopped))
-    written = write_sweep_report(pd.concat(frames, ignore_index=True), tmp_path)
+    written = write_tolerance_report(pd.concat(frames, ignore_index=True), tmp_path)
     assert {p.name for p in written} >= {"tolerance_levels.csv", "noise_floor.csv"}
     (level,) = pd.read_csv(tmp_path / "tolerance_levels.csv").to_dict("records")
     after_0 = [statistics.fmean(v for s, v in by_step.items() if s > 0) for by_step in COPY_KL.values()]

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from mismatch.report.sweep import _student_probes, student_models
+from mismatch.report.probe import student_models, student_probes
 from mismatch.results import tidy
 from tests.conftest import STAMP
 
@@ -18,7 +18,7 @@ def test_a_students_own_model_spec_counts_as_that_pairs_student():
     models = student_models()
     assert models["smollm2-135m"] == "smollm2-concise"
     rows = pd.concat([_probe("smollm2-135m", 0.9), _probe("sort-gpt2:student", 0.02), _probe("tiny-llama", 5.0)])
-    students = _student_probes(rows).set_index("pair")["kl_fwd_mean"].to_dict()
+    students = student_probes(rows).set_index("pair")["kl_fwd_mean"].to_dict()
     assert students == {"smollm2-concise": 0.9, "sort-gpt2": 0.02}  # tiny-llama is no pair's student
 
 
@@ -28,26 +28,26 @@ def test_no_static_vs_dynamic_figure_when_no_probe_shares_a_format_with_a_dynami
     import dataclasses
     import warnings
 
-    from mismatch.report.sweep import write_sweep_report
+    from mismatch.report.tolerance import write_tolerance_report
     from tests.analysis.test_tolerance import BASE, _run
 
     frames = [_run(dataclasses.replace(BASE, seed=s, rollout=r), 0.40, 1.0) for s in range(2) for r in ("none", "fp8-e4m3")]
     rows = pd.concat([*frames, _probe("sort-gpt2:student", 0.02)], ignore_index=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        written = [p.name for p in write_sweep_report(rows, tmp_path)]
+        written = [p.name for p in write_tolerance_report(rows, tmp_path)]
     assert "static_vs_dynamic.png" not in written and not (tmp_path / "static_vs_dynamic.png").exists()
     assert "No `static_vs_dynamic.png`" in (tmp_path / "tolerance.md").read_text()
     with_probe = pd.concat([rows, _probe("sort-gpt2:student", 0.01).assign(perturb="fp8-e4m3:channel",
                                                                           run_id="f" * 16)], ignore_index=True)
-    assert "static_vs_dynamic.png" in [p.name for p in write_sweep_report(with_probe, tmp_path / "b")]
+    assert "static_vs_dynamic.png" in [p.name for p in write_tolerance_report(with_probe, tmp_path / "b")]
 
 
 def test_reports_never_build_or_check_a_pairs_weights(monkeypatch):
     """Reports read results: naming a synthetic pair's student must not verify or build (train) its weights,
     even when the recipe hash no longer matches the committed ones."""
     from mismatch.pairs import build, catalog
-    from mismatch.report.sweep import student_models
+    from mismatch.report.probe import student_models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a report reached synthetic_dir (which builds a pair whose recipe changed)")
@@ -69,7 +69,7 @@ def test_figures_have_short_titles_small_legends_and_one_colour_per_family():
 
     from mismatch.analysis.tolerance import level_table, run_table
     from mismatch.report.common import MAX_LEGEND
-    from mismatch.report.sweep import levels_figure, seed_curves_figure
+    from mismatch.report.tolerance import levels_figure, seed_curves_figure
     from mismatch.verdict import Tolerance
     from tests.analysis.test_tolerance import BASE, _run
 

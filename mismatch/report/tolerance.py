@@ -1,6 +1,6 @@
-"""Sweep reports: tolerance tables and figures across pairs, sources, levels and seeds. Reads results only.
+"""The tolerance report: tables and figures across pairs, sources, levels and seeds. Reads results only.
 
-`write_sweep_report(rows, out_dir)` writes, from OPD runs judged against their clean twins and pooled
+`write_tolerance_report(rows, out_dir)` writes, from OPD runs judged against their clean twins and pooled
 over seeds (`mismatch.analysis.tolerance`):
   * `tolerance.md` / `tolerance.csv` — per pair × source × settings: the largest tolerated level
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
@@ -15,7 +15,7 @@ over seeds (`mismatch.analysis.tolerance`):
     run, log axis) for every source and pair, one panel each;
   * `seed_curves.png` — held-out accuracy vs step per rollout, mean over seeds with a ±1 sd band;
 and, when the dataset also holds probe runs on pair students (`PAIR:student`):
-  * `block_sensitivity.png` — per-block isolation maps (block × pair, one panel per format);
+  * `block_sensitivity.png` — per-block isolation maps (block × pair, one panel per format: `report.probe`);
   * `static_vs_dynamic.png` — each format's static probe KL on a pair's student vs its dynamic Δ.
 """
 
@@ -28,14 +28,12 @@ import numpy as np
 import pandas as pd
 
 from mismatch.analysis.twins import accuracy_metric, opd_runs
-from mismatch.pairs.catalog import PAIRS, member_spec
 from mismatch.report.headline import write_headline
 from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family_color, markdown_table, save_figure,
                                     style_axes, subplots)
-from mismatch.report.probe import is_isolation
+from mismatch.report.probe import block_figure, is_isolation, student_probes
 from mismatch.analysis.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
                                      noise_floor, tolerance_table, weight_bits)
-from mismatch.results import summaries
 from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -192,48 +190,6 @@ def seed_curves_figure(rows: pd.DataFrame, runs: pd.DataFrame):
         if id(ax) not in used:
             ax.set_visible(False)
     caption(fig, "Mean over seeds ± 1 sd. Settings per pair — " + "; ".join(captions))
-    return fig
-
-
-def student_models() -> dict[str, str]:
-    """Model spec → pair, for each registered pair's student (`smollm2-135m` → `smollm2-concise`), so
-    that a probe run on the student's model under its own name counts as that pair's student."""
-    owners: dict[str, list[str]] = {}
-    for pair in PAIRS:
-        spec = member_spec(f"{pair}:student")
-        if spec != f"{pair}:student":
-            owners.setdefault(spec, []).append(pair)
-    return {spec: pairs[0] for spec, pairs in owners.items() if len(pairs) == 1}  # a shared student stays unnamed
-
-
-def _student_probes(rows: pd.DataFrame) -> pd.DataFrame:
-    """Probe summaries of runs whose reference is a pair's student (`PAIR:student`, or the student's
-    own model spec: `student_models`), with `pair`."""
-    probes = rows[rows["kind"] == "probe"]
-    if probes.empty or "reference" not in probes:
-        return pd.DataFrame()
-    summ = summaries(probes)
-    reference = summ["reference"].astype(str)
-    named = reference.str.endswith(":student")
-    models = student_models()
-    pair = reference.map(models).where(~named, reference.str.rsplit(":", n=1).str[0])
-    return summ[pair.notna()].assign(pair=pair[pair.notna()])
-
-
-def block_figure(students: pd.DataFrame):
-    """Per-block isolation maps: kl_fwd_mean (log colour) of block × pair, one panel per format."""
-    iso = students[students["layers"].map(is_isolation)].assign(block=lambda f: f["layers"].astype(int))
-    specs = sorted(iso["perturb"].unique())
-    fig, axes = subplots(1, nrows=len(specs), figsize=(10, 2.3 * len(specs)))
-    axes = np.atleast_1d(axes)
-    for ax, spec in zip(axes, specs):
-        grid = iso[iso["perturb"] == spec].pivot_table(index="pair", columns="block", values="kl_fwd_mean")
-        image = ax.imshow(np.log10(grid.to_numpy()), aspect="auto", cmap="viridis")
-        ax.set_yticks(range(len(grid.index)), grid.index)
-        ax.set_xticks(range(len(grid.columns)), [str(b) for b in grid.columns], fontsize=7)
-        ax.set_xlabel("decoder block perturbed alone")
-        ax.set_title(f"{spec}: log10 end-to-end KL(p‖q) per token (white: no such block)", fontsize=9)
-        fig.colorbar(image, ax=ax)
     return fig
 
 
@@ -404,7 +360,7 @@ def _pm(mean: float, half: float, pattern: str) -> str:
     return pattern.format(mean) + ("" if math.isnan(half) else f" ± {half:.3g}" if half < 1 else f" ± {half:.1f}")
 
 
-def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
+def write_tolerance_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                        analysis: Analysis | None = None) -> list[Path]:
     """Write the tolerance tables and figures (module docstring) for a dataset's OPD (and probe) rows;
     `analysis`: the rows' `analyse` when the caller has it (`tolerance` is used only without one)."""
@@ -429,7 +385,7 @@ def write_sweep_report(rows: pd.DataFrame, out_dir: str | Path, *, tolerance: To
     written.append(save_figure(levels_figure(levels, tolerance=tolerance), out_dir / "tolerance_levels.png"))
     written.append(save_figure(mismatch_figure(levels, tolerance=tolerance), out_dir / "tolerance_vs_mismatch.png"))
     written.append(save_figure(seed_curves_figure(opd, runs), out_dir / "seed_curves.png"))
-    students = _student_probes(rows)
+    students = student_probes(rows)
     if len(students) and students["layers"].map(is_isolation).any():
         written.append(save_figure(block_figure(students), out_dir / "block_sensitivity.png"))
     joined = static_dynamic_points(students, levels) if len(students) else pd.DataFrame()
