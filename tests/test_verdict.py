@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mismatch.admission.decision import combine_status, decide
+from mismatch.admission.decision import Decision, decide, overall
 from mismatch.admission.gates import Gate
 from mismatch.verdict import (ADMISSION_WORDS, TOLERANCE_WORDS, Tolerance, Verdict, combine, from_word,
                               interval_verdict, mean_interval_verdict)
@@ -57,10 +57,17 @@ def test_tolerance_judges_a_level_by_both_intervals(kl, kl_hw, acc, acc_hw, want
 
 def test_the_check_and_the_gates_use_the_same_rule():
     for low, high, limit in [(0.1, 0.2, 0.2), (0.21, 0.3, 0.2), (0.1, 0.3, 0.2), (math.nan, math.nan, 0.2)]:
-        assert from_word(decide((low + high) / 2, low, high, limit)) is interval_verdict(low, high, limit)
-    assert decide(math.nan, 0.0, 0.1, 0.2) == "uncertain"
-    assert combine_status(["admit", "uncertain"]) == "uncertain" and combine_status([]) == "uncertain"
-    assert combine_status(["admit", "reject", "uncertain"]) == "reject" and combine_status(["admit"]) == "admit"
+        assert decide((low + high) / 2, low, high, limit) is interval_verdict(low, high, limit)
+    assert decide(math.nan, 0.0, 0.1, 0.2) is Verdict.UNCERTAIN
+
+    def decisions(*verdicts):
+        return [Decision("m", 0.0, 0.0, 0.0, 1.0, "test", v) for v in verdicts]
+
+    assert overall(decisions(Verdict.PASS, Verdict.UNCERTAIN)) == "uncertain" and overall([]) == "uncertain"
+    assert overall(decisions(Verdict.PASS, Verdict.FAIL, Verdict.UNCERTAIN)) == "reject"
+    assert overall(decisions(Verdict.PASS)) == "admit"
+    assert [d.status for d in decisions(*Verdict)] == [ADMISSION_WORDS[v] for v in Verdict]  # the check's words
+    assert decisions(Verdict.FAIL)[0].to_dict()["status"] == "reject"
     gate = Gate("m", 0.1, "test")
     assert gate.passes(0.1) and not gate.passes(0.1 + 1e-12) and not gate.passes(math.nan)
 

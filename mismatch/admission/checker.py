@@ -45,7 +45,7 @@ from mismatch.admission.calibration import (CalibrationSettings, calibration_pro
                                             small_calibration_notes, wanted_tokens)
 from mismatch.rollout.cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
-from mismatch.admission.decision import Decision, combine_status, decide, judge, resolve_gates
+from mismatch.admission.decision import Decision, decide, judge, overall, resolve_gates
 from mismatch.admission.lagged import TrainerSettings, measure_lag
 from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
@@ -62,6 +62,7 @@ from mismatch.probes.core import probe, reference
 from mismatch.rollout.spec import RolloutSpec
 from mismatch.opd.precision import trainer_precision
 from mismatch.defaults import DEFAULT_CLIP
+from mismatch.verdict import Verdict, from_word
 
 DEFAULT_ROLLOUT = "fp8-e4m3:block128"  # the spec checked when neither a spec nor a dump is given
 NO_COPY = "none"  # the static copy of `stale:K` / `reuse:R`: the model itself
@@ -107,17 +108,18 @@ class Admission:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["admitted"] = self.admitted
-        out["violations"] = [asdict(v) for v in self.violations]
+        out["decisions"] = [d.to_dict() for d in self.decisions]
+        out["violations"] = [v.to_dict() for v in self.violations]
         return out
 
 
-def _carried(source: str, level: int, status: str, note: str, r: dict | None = None) -> tuple[Decision, str]:
+def _carried(source: str, level: int, verdict: Verdict, note: str, r: dict | None = None) -> tuple[Decision, str]:
     """A carried-over study verdict as a decision of its own (`study/stale:K`): the level's Δ accuracy
     (fraction) and 95% interval when the study measured it, no limit of its own; `note` says the rest."""
     acc = math.nan if r is None or r.get("acc_delta") is None else float(r["acc_delta"])
     half = math.nan if r is None or r.get("acc_delta_hw") is None else float(r["acc_delta_hw"])
     return Decision(metric=f"study/{source}:{level}", value=acc, low=acc - half, high=acc + half, limit=math.nan,
-                    source="the study's verdict, carried over (Δ accuracy; notes)", status=status), note
+                    source="the study's verdict, carried over (Δ accuracy; notes)", verdict=verdict), note
 
 
 def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: TrainerSettings) -> tuple[Decision, str]:
@@ -125,22 +127,23 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: T
     uncertain, saying so, where the study ran no such level at those settings."""
     rows = [r for r in thresholds.lagged if r["source"] == source]
     if not rows:
-        return _carried(source, level, "uncertain", f"{source}:{level}: the thresholds' study measured no {source} levels")
+        return _carried(source, level, Verdict.UNCERTAIN,
+                        f"{source}:{level}: the thresholds' study measured no {source} levels")
     wanted = _settings_words(trainer)
     match = [r for r in rows if float(r["level"]) == float(level) and wanted <= _words(r["settings"])]
     if not match:
         studied = sorted({r["settings"] for r in rows if float(r["level"]) == float(level)})
-        return _carried(source, level, "uncertain",
+        return _carried(source, level, Verdict.UNCERTAIN,
                         f"{source}:{level}: no study covers {trainer.describe()} (studied at this level: "
                         f"{'; '.join(studied) or 'none'}); give --teacher to measure it on this checkpoint")
     r = match[0]
-    status = {"tolerated": "admit", "not tolerated": "reject"}.get(r["verdict"], "uncertain")
+    verdict = from_word(r["verdict"])  # the study's word, stored in the thresholds
     acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
         f"Δ accuracy {100 * r['acc_delta']:+.1f} ± {100 * r['acc_delta_hw']:.1f} pts, ")
     note = (f"{source}:{level} not measured on this checkpoint (no --teacher); carried over from the study at the "
             f"same settings: {r['pair']}, {r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± "
             f"{r['kl_ratio_hw']:.3f} over {r['seeds']} seeds → {r['verdict']}")
-    return _carried(source, level, status, note, r)
+    return _carried(source, level, verdict, note, r)
 
 
 def _words(settings: str) -> set[str]:
@@ -167,10 +170,10 @@ def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, 
     primary = thresholds.primary
     value, low, high = lag.statistics[primary]
     limit = thresholds.window_limits.get(primary, math.nan)
-    status = decide(value, low, high, limit) if not math.isnan(limit) else "uncertain"
+    verdict = decide(value, low, high, limit) if not math.isnan(limit) else Verdict.UNCERTAIN
     label = "+".join(p for p in (f"stale:{K}" if K else "", f"reuse:{R}" if R > 1 else "") if p)
     decision = Decision(metric=f"measured/{label}/window:{primary}", value=value, low=low, high=high, limit=limit,
-                        source=f"window limit ({thresholds.fitted_on})", status=status)
+                        source=f"window limit ({thresholds.fitted_on})", verdict=verdict)
     first, last = lag.window
     note = (f"{label} measured on this checkpoint: {lag.steps} OPD steps against {teacher_lm.name} at "
             f"{pipeline.trainer.describe()} (constant rate), {primary} averaged over steps {first}–{last}: "
@@ -286,7 +289,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     length = _length_margin(table, decisions[0], assumed) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
-                          status=combine_status([d.status for d in decisions]), metrics=metrics, decisions=decisions,
+                          status=overall(decisions), metrics=metrics, decisions=decisions,
                           notes=[*small_calibration_notes(used["sequences"]),
                                  *(n for _, n in (drift, length, *lagged) if n)],
                           calibration=used)
@@ -313,14 +316,15 @@ def _drift_margin(table: Thresholds, fitted: Decision, source: str) -> tuple[Dec
         return None, f"no drift margin: the thresholds' study measured no {source} level's drift"
     margin = float(entry["margin"])
     limit = fitted.limit * margin
-    status = "admit" if decide(fitted.value, fitted.low, fitted.high, limit) == "admit" else "uncertain"
+    passes = decide(fitted.value, fitted.low, fitted.high, limit) is Verdict.PASS
+    verdict = Verdict.PASS if passes else Verdict.UNCERTAIN  # a lower limit never rejects of its own
     decision = Decision(metric=f"drift/{fitted.metric}", value=fitted.value, low=fitted.low, high=fitted.high,
-                        limit=limit, source=f"the fitted limit × the {source} drift margin {margin:.3g}", status=status)
+                        limit=limit, source=f"the fitted limit × the {source} drift margin {margin:.3g}", verdict=verdict)
     note = (f"drift margin: in the study's {entry['levels']} {source} levels the in-training peak of {fitted.metric} "
             f"over its first-step value had median {entry['median']:.3g} and largest {entry['largest']:.3g}; the "
             f"fitted limit {fitted.limit:.4g} absorbed the median drift, so a run drifting as the worst did meets it "
             f"from {limit:.4g} (× {margin:.3g}): "
-            + ("below that, admitted with the margin" if status == "admit" else
+            + ("below that, admitted with the margin" if verdict is Verdict.PASS else
                "above that, uncertain (watch the run with `mismatch monitor`)"))
     return decision, note
 
@@ -390,12 +394,13 @@ def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, st
     if fitted.status != "admit" or factor >= 1.0:  # a lower limit cannot change a reject or an uncertain,
         return None, f"{where}; {law}"                # nor a higher one an admit
     limit = fitted.limit * factor
-    status = "admit" if decide(fitted.value, fitted.low, fitted.high, limit) == "admit" else "uncertain"
+    passes = decide(fitted.value, fitted.low, fitted.high, limit) is Verdict.PASS
+    verdict = Verdict.PASS if passes else Verdict.UNCERTAIN  # a lower limit never rejects of its own
     decision = Decision(metric=f"length/{fitted.metric}", value=fitted.value, low=fitted.low, high=fitted.high,
                         limit=limit, source=f"the fitted limit × {factor:.3g} at {tokens:.0f} tokens ({law})",
-                        status=status)
+                        verdict=verdict)
     return decision, (f"{where}; {law}: the limit at that length is {limit:.4g} (× {factor:.3g}): "
-                      + ("below it, admitted" if status == "admit" else "not clearly below it, uncertain"))
+                      + ("below it, admitted" if verdict is Verdict.PASS else "not clearly below it, uncertain"))
 
 
 def _sampled(batch) -> dict[str, int]:
@@ -463,7 +468,7 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     calibration = {"prompts": str(dump), "sequences": int(scored.summary["sequences"]),
                    "tokens": int(scored.summary["tokens"]), "sampled_by": scored.candidate, "seed": seed}
     return Admission(model=name, rollout=f"{DUMP}{dump}", layers="", metrics=metrics, decisions=decisions,
-                     status=combine_status([d.status for d in decisions]), notes=notes, calibration=calibration)
+                     status=overall(decisions), notes=notes, calibration=calibration)
 
 
 def _cost(lm: LM, spec, layers: str, kept: list[str], texts: list[str], *, pipeline: Pipeline,

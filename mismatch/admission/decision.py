@@ -9,8 +9,10 @@ the whole interval lies at or below its limit, reject when wholly above, uncerta
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError
 from mismatch.defaults import DEFAULT_CLIP
 from mismatch.metrics import checked_inputs, rollout_stats, sampled_token_metrics
-from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, from_word, interval_verdict
+from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, interval_verdict
 
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
 
@@ -30,7 +32,8 @@ BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statist
 
 @dataclass
 class Decision:
-    """One gate applied: the statistic's value and 95% interval, the limit, where it comes from."""
+    """One gate applied: the statistic's value and 95% interval, the limit, where it comes from, and its
+    `verdict` (`mismatch.verdict`), which `status` says in the check's words (admit, uncertain, reject)."""
 
     metric: str
     value: float
@@ -38,20 +41,29 @@ class Decision:
     high: float
     limit: float
     source: str
-    status: str  # admit (interval ≤ limit), reject (interval > limit), uncertain
+    verdict: Verdict  # PASS (interval ≤ limit), FAIL (interval > limit), UNCERTAIN
+
+    @property
+    def status(self) -> str:
+        """`verdict` in the check's words: admit, uncertain or reject."""
+        return self.verdict.word(ADMISSION_WORDS)
+
+    def to_dict(self) -> dict:
+        """The decision as JSON-ready fields, its verdict as `status` (the check's word)."""
+        out = {k: v for k, v in asdict(self).items() if k != "verdict"}
+        return {**out, "status": self.status}
 
 
-def combine_status(statuses: list[str]) -> str:
-    """Any reject → reject; else any uncertain → uncertain; else admit (nothing to judge: uncertain):
-    `mismatch.verdict.combine` in the check's words."""
-    return combine(from_word(s) for s in statuses).word(ADMISSION_WORDS)
+def overall(decisions: Iterable[Decision]) -> str:
+    """The check's status: any reject → reject; else any uncertain → uncertain; else admit (nothing judged:
+    uncertain) — `mismatch.verdict.combine` of the decisions' verdicts, in the check's words."""
+    return combine(d.verdict for d in decisions).word(ADMISSION_WORDS)
 
 
-def decide(value: float, low: float, high: float, limit: float) -> str:
-    """admit when the interval lies at or below the limit, reject when wholly above, else (or with no
-    value) uncertain: `mismatch.verdict.interval_verdict` in the check's words."""
-    verdict = Verdict.UNCERTAIN if math.isnan(value) else interval_verdict(low, high, limit)
-    return verdict.word(ADMISSION_WORDS)
+def decide(value: float, low: float, high: float, limit: float) -> Verdict:
+    """PASS (admit) when the interval lies at or below the limit, FAIL (reject) when wholly above, else (or with
+    no value) UNCERTAIN: `mismatch.verdict.interval_verdict`."""
+    return Verdict.UNCERTAIN if math.isnan(value) else interval_verdict(low, high, limit)
 
 
 def bootstrap_intervals(values: dict[str, float], stat, seq_N: torch.Tensor, seed: int) -> dict[str, tuple[float, float]]:

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 import mismatch
 from mismatch.admission import Thresholds, check
 from mismatch.admission.lagged import TrainerSettings
-from mismatch.admission.decision import combine_status, decide
+from mismatch.admission.decision import decide
+from mismatch.verdict import Verdict
 from mismatch.cli.app import app
 from mismatch.errors import InputError
 from mismatch.model.loader import LM
@@ -140,10 +141,8 @@ def test_offloading_the_originals_changes_no_number_and_restores_the_weights(mon
 
 
 def test_decision_rules():
-    assert decide(0.1, 0.05, 0.2, 0.3) == "admit" and decide(0.5, 0.4, 0.6, 0.3) == "reject"
-    assert decide(0.3, 0.2, 0.4, 0.3) == "uncertain" and decide(float("nan"), 0, 0, 1) == "uncertain"
-    assert combine_status(["admit", "uncertain"]) == "uncertain" and combine_status(["uncertain", "reject"]) == "reject"
-    assert combine_status([]) == "uncertain"
+    assert decide(0.1, 0.05, 0.2, 0.3) is Verdict.PASS and decide(0.5, 0.4, 0.6, 0.3) is Verdict.FAIL
+    assert decide(0.3, 0.2, 0.4, 0.3) is Verdict.UNCERTAIN and decide(float("nan"), 0, 0, 1) is Verdict.UNCERTAIN
 
 
 STUDIED = "loss full-rkl, lr 0.001, adam_beta1 0.9, tis_cap off"  # the study's settings text: TrainerSettings()'s
