@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from mismatch.opd.config import OPDConfig, field_help  # names and help only: no torch
 from mismatch.errors import InputError, MismatchError
 
 err = Console(stderr=True)
@@ -22,12 +23,10 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get 
 Out = Annotated[Path | None, typer.Option("--out", help="Results: a dataset directory or a .parquet/.csv file.")]
 Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead of appending, once the command "
                                                  "has succeeded (a failed or interrupted one removes nothing).")]
-Layers = Annotated[str, typer.Option(help="The perturbation's layer scope: linear, all, attn, mlp, experts, router, "
-                                            "lm_head, block indices (0-3,7) or a regex.")]
-Loss = Annotated[str, typer.Option(help="The OPD loss: full-rkl, full-fkl, pg-rkl or pg-rkl-is.")]
-LearningRate = Annotated[float, typer.Option("--lr", help="The trainer's AdamW learning rate.")]
-TisCap = Annotated[float | None, typer.Option(help="Truncated importance sampling cap C: token weights min(π_S/π_R, C); "
-                                                   "off by default.")]
+Layers = Annotated[str, typer.Option(help=field_help(OPDConfig, "layers"))]
+Loss = Annotated[str, typer.Option(help=field_help(OPDConfig, "loss"))]
+LearningRate = Annotated[float, typer.Option("--lr", help=field_help(OPDConfig, "lr"))]
+TisCap = Annotated[float | None, typer.Option(help=field_help(OPDConfig, "tis_cap"))]
 ThresholdsFile = Annotated[Path | None, typer.Option("--thresholds", help="Fitted limits JSON (`mismatch thresholds`; "
                                                                          "default: the shipped ones).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (stdout), nothing else.")]

@@ -7,26 +7,28 @@ from typing import Annotated
 
 import typer
 
+from mismatch.opd.config import OPDConfig, field_help  # names and help only: no torch
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
 from mismatch.files import json_text
-from mismatch.cli.common import AccTol, Device, Json, KlTol, Layers, LearningRate, Loss, Out, Overwrite, Threads, TisCap, early, err, out
+from mismatch.cli.common import (AccTol, Device, Json, KlTol, Layers, LearningRate, Loss, Out, Overwrite, Threads, TisCap,
+                                 early, err, out)
 
 
 def opd(
-    pair: Annotated[str, typer.Option(help="Student–teacher pair (`mismatch pairs`) or a pair .toml.")],
+    pair: Annotated[str, typer.Option(help=field_help(OPDConfig, "pair"))],
     rollout: Annotated[list[str] | None, typer.Option(help="Rollout copy (spec, stale:K, none); repeatable.")] = None,
-    staleness: Annotated[int, typer.Option(help="Rollouts from weights K steps old (also with --rollout).")] = 0,
-    layers: Layers = "linear",
-    loss: Loss = "full-rkl",
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 120,
-    batch_size: Annotated[int, typer.Option(help="Prompts (rollouts) per step.")] = 128,
-    lr: LearningRate = 1e-3,
-    tis_cap: TisCap = None,
-    temperature: Annotated[float, typer.Option(help="Rollout sampling temperature.")] = 1.0,
-    top_p: Annotated[float | None, typer.Option(help="Rollout nucleus sampling; off by default.")] = None,
-    eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps.")] = 10,
-    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts per evaluation.")] = 128,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and noise.")] = 0,
+    staleness: Annotated[int, typer.Option(help=field_help(OPDConfig, "staleness"))] = OPDConfig.staleness,
+    layers: Layers = OPDConfig.layers,
+    loss: Loss = OPDConfig.loss,
+    steps: Annotated[int, typer.Option(help=field_help(OPDConfig, "steps"))] = OPDConfig.steps,
+    batch_size: Annotated[int, typer.Option(help=field_help(OPDConfig, "batch_size"))] = OPDConfig.batch_size,
+    lr: LearningRate = OPDConfig.lr,
+    tis_cap: TisCap = OPDConfig.tis_cap,
+    temperature: Annotated[float, typer.Option(help=field_help(OPDConfig, "temperature"))] = OPDConfig.temperature,
+    top_p: Annotated[float | None, typer.Option(help=field_help(OPDConfig, "top_p"))] = OPDConfig.top_p,
+    eval_every: Annotated[int, typer.Option(help=field_help(OPDConfig, "eval_every"))] = OPDConfig.eval_every,
+    eval_prompts: Annotated[int, typer.Option(help=field_help(OPDConfig, "eval_prompts"))] = OPDConfig.eval_prompts,
+    seed: Annotated[int, typer.Option(help=field_help(OPDConfig, "seed"))] = OPDConfig.seed,
     baseline: Annotated[bool, typer.Option(help="Also run the clean configuration and print verdicts.")] = False,
     kl_tol: KlTol = Tolerance.kl_tol,
     acc_tol: AccTol = Tolerance.acc_tol,
@@ -35,8 +37,7 @@ def opd(
     save: Annotated[Path | None, typer.Option(help="Save final students as HF dirs (DIR or DIR/<label>).")] = None,
     threads: Threads = None,
     device: Device = "auto",
-    ref_dtype: Annotated[str, typer.Option(help="The trainer's precision: fp32, or bf16 (a bf16 compute copy of "
-                                                "the student over fp32 master weights, the teacher in bf16).")] = "fp32",
+    ref_dtype: Annotated[str, typer.Option(help=field_help(OPDConfig, "ref_dtype"))] = OPDConfig.ref_dtype,
     json_out: Json = False,
 ) -> None:
     """Train the pair's student by on-policy distillation with rollouts from a mismatched copy."""

@@ -12,10 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
-
-import numpy as np
-import pandas as pd
+from dataclasses import dataclass, field
 
 from mismatch.errors import InputError
 from mismatch.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_CLIP
@@ -28,38 +25,53 @@ TRAINER_DTYPES = ("fp32", "bf16")  # `ref_dtype`: fp16 would need loss scaling, 
 OMITTED_AT_DEFAULT = {"device": "cpu", "ref_dtype": "fp32"}
 
 
+def _help(text: str, default: object = dataclasses.MISSING):
+    """A config field with its help text (`metadata["help"]`, as TRL's configs carry theirs): written once, read by
+    the CLI's options (`field_help`) and the docs."""
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass(frozen=True, kw_only=True)
 class OPDConfig:
     """One OPD run. Flattens to result columns (`dataclasses.asdict`)."""
 
-    pair: str
-    rollout: str = "none"  # what generates the rollouts (`mismatch.rollout.spec`): a spec, engine:…, stale:K, reuse:R, none
-    staleness: int = 0  # K: rollouts from weights K optimizer steps old
-    layers: str = "linear"  # scope of the rollout perturbation
-    loss: str = "full-rkl"  # measured on the synthetic pairs: the lowest-variance signal (docs/opd.md)
-    steps: int = 120
-    batch_size: int = 128  # prompts per step
-    lr: float = 1e-3
-    warmup_steps: int = 10  # linear learning-rate warm-up: a fresh AdamW's first steps move every weight by ~lr
-    decay: str = "cosine"  # after warm-up: cosine to final_lr_frac·lr at the last step, or constant
-    final_lr_frac: float = 0.1
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9  # AdamW's momentum: with it, consecutive updates align and lagged rollouts trail them
-    grad_clip: float = 1.0
-    temperature: float = 1.0
-    top_p: float | None = None
-    tis_cap: float | None = None  # truncated importance sampling cap C; None = off
-    max_new_tokens: int | None = None  # None: the pair's
-    train_prompts: int = 4096  # pool of train-split prompts the batches are drawn from
-    eval_prompts: int = 128
-    eval_every: int = 10
-    eval_greedy: bool = True  # also score greedy responses (`heldout_greedy_accuracy`): one more generation
-    eval_probe: int = 64  # held-out samples the rollout copy is probed on against the student at each evaluation (0: off)
-    clip: float = DEFAULT_CLIP  # is_ratio_outside_frac counts r outside [1/clip, clip]
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    seed: int = 0
-    device: str = "cpu"  # where the run computes: auto (CUDA when present), cpu, cuda, cuda:N
-    ref_dtype: str = "fp32"  # the trainer's precision: bf16 = a bf16 compute copy over fp32 masters (`precision`)
+    pair: str = _help("Student–teacher pair (`mismatch pairs`) or a pair .toml.")
+    rollout: str = _help("What generates the rollouts (`mismatch.rollout.spec`): a perturbation spec, engine:…, "
+                         "stale:K, reuse:R, resample:S or none.", "none")
+    staleness: int = _help("K: rollouts from weights K optimizer steps old (with a perturbation spec: a copy that also "
+                           "lags).", 0)
+    layers: str = _help("The rollout perturbation's layer scope: linear, all, attn, mlp, experts, router, lm_head, "
+                        "block indices (0-3,7) or a regex.", "linear")
+    loss: str = _help("The OPD loss: full-rkl, full-fkl, pg-rkl or pg-rkl-is.", "full-rkl")  # full-rkl: measured on
+    # the synthetic pairs, the lowest-variance signal (docs/opd.md)
+    steps: int = _help("Optimizer steps.", 120)
+    batch_size: int = _help("Prompts (rollouts) per step.", 128)
+    lr: float = _help("The trainer's AdamW learning rate.", 1e-3)
+    warmup_steps: int = _help("Linear learning-rate warm-up steps: a fresh AdamW's first steps move every weight by "
+                              "about lr.", 10)
+    decay: str = _help("After warm-up: cosine to final_lr_frac·lr at the last step, or constant.", "cosine")
+    final_lr_frac: float = _help("The learning rate's share left at the last step (cosine decay).", 0.1)
+    weight_decay: float = _help("AdamW's weight decay.", 0.0)
+    adam_beta1: float = _help("AdamW's momentum β1: with it, consecutive updates align and lagged rollouts trail "
+                              "them.", 0.9)
+    grad_clip: float = _help("Gradient norm clip.", 1.0)
+    temperature: float = _help("Rollout sampling temperature.", 1.0)
+    top_p: float | None = _help("Rollout nucleus sampling; off by default.", None)
+    tis_cap: float | None = _help("Truncated importance sampling cap C: token weights min(π_S/π_R, C); off by "
+                                  "default.", None)
+    max_new_tokens: int | None = _help("Response tokens per rollout (None: the pair's).", None)
+    train_prompts: int = _help("The pool of train-split prompts the batches are drawn from.", 4096)
+    eval_prompts: int = _help("Held-out prompts per evaluation.", 128)
+    eval_every: int = _help("Held-out evaluation every N steps.", 10)
+    eval_greedy: bool = _help("Also score greedy responses (`heldout_greedy_accuracy`): one more generation.", True)
+    eval_probe: int = _help("Held-out samples the rollout copy is probed on against the student at each "
+                            "evaluation (0: off).", 64)
+    clip: float = _help("Importance ratios outside [1/clip, clip] count in is_ratio_outside_frac.", DEFAULT_CLIP)
+    chunk_tokens: int = _help("Tokens per chunk of full-vocabulary work.", DEFAULT_CHUNK_TOKENS)
+    seed: int = _help("Seed of prompts, sampling and noise.", 0)
+    device: str = _help("Where the run computes: auto (CUDA when present), cpu, cuda, cuda:N.", "cpu")
+    ref_dtype: str = _help("The trainer's precision: fp32, or bf16 (a bf16 compute copy of the student over fp32 "
+                           "master weights, the teacher in bf16).", "fp32")
 
     def __post_init__(self) -> None:
         """Validate every field: a bad value (or a value of the wrong type, as a study file may give) is one
@@ -143,6 +155,9 @@ COMPARISON_FIELDS = (*(f.name for f in dataclasses.fields(OPDConfig) if f.name n
 def _comparable(value: object) -> str:
     """A config value as compared across runs: missing / None / NaN / NA / "" (older files) alike,
     numbers of any type (int, float, numpy, nullable) by value."""
+    import numpy as np  # a config is read without them (`mismatch opd --help`); comparing runs has them loaded
+    import pandas as pd
+
     if value is None or pd.isna(value) or (isinstance(value, str) and value == ""):
         return "None"
     if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, (bool, np.bool_)):
@@ -174,3 +189,8 @@ def where_columns(config: OPDConfig) -> dict[str, str]:
     by its type (the same numbers on any `cuda:N`); {} on the CPU in fp32."""
     values = {"device": config.device.split(":")[0], "ref_dtype": config.ref_dtype}
     return {name: values[name] for name, default in OMITTED_AT_DEFAULT.items() if values[name] != default}
+
+
+def field_help(config: type, name: str) -> str:
+    """The help text a config class's field carries (`metadata["help"]`): what the CLI and the docs say of it."""
+    return next(f for f in dataclasses.fields(config) if f.name == name).metadata["help"]

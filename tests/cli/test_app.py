@@ -292,6 +292,9 @@ HIDDEN = {
     "monitor": {},
 }
 RENAMED = {"probe": {"text": "texts"}}  # CLI option → config field
+# Options whose help is not their config field's on purpose: why
+HELP_DIFFERS = {"opd": {"rollout": "repeatable: each rollout is a run of its own",
+                        "device": "the shared --device of every command that computes"}}
 # Options whose CLI default differs from the field's on purpose: (the CLI's default, why)
 CLI_DEFAULTS = {"opd": {"device": ("auto", "the command uses a GPU where one is present; the API stays on the CPU, "
                                            "so results made without a device keep their ids")}}
@@ -334,6 +337,9 @@ def test_every_config_field_is_an_option_with_the_config_default_or_hidden_with_
         if isinstance(want, tuple):
             want, got = list(want), list(got or [])
         assert got == want, f"{command} --{param.name.replace('_', '-')}: CLI default {got!r}, config default {want!r}"
+        field_help = fields[field_name].metadata.get("help")  # help written once, on the field
+        if field_help is not None and field_name not in HELP_DIFFERS.get(command, {}):
+            assert param.help == field_help, f"{command} --{param.name.replace('_', '-')}: help not the field's"
 
 
 def test_help_and_models_import_no_torch():
