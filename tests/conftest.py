@@ -102,3 +102,40 @@ def opd_rows(config, metrics: dict[str, dict[int, float]], *, columns=None):
     rows = [{"step": s, "metric": m, "value": v} for m, by_step in metrics.items() for s, v in by_step.items()]
     return tidy(pd.DataFrame(rows).assign(level="step"), kind="opd", config=(columns or dataclasses.asdict)(config),
                 stamp=STAMP)
+
+
+# ---------------------------------------------------------------- rounding, the slow way (references of the formats)
+
+
+def slow_int_round(w_OI, bits, group):
+    """Symmetric integer rounding of one matrix, group by group of input columns (slices, not reshapes)."""
+    qmax = 2 ** (bits - 1) - 1
+    out = torch.empty_like(w_OI)
+    g = w_OI.shape[1] if group is None else group
+    for c in range(0, w_OI.shape[1], g):
+        cols = w_OI[:, c:c + g]
+        amax = cols.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        out[:, c:c + g] = torch.clamp(torch.round(cols / scale), -qmax - 1, qmax) * scale
+    return out
+
+
+def slow_fp8_round(w_OI, fmt, granularity):
+    from mismatch.perturb.rounding import FP8_DTYPES, fp8_max
+
+    """FP8 rounding of one matrix, scale by scale: the whole matrix, each row, or each 128×128 tile."""
+    fmax = fp8_max(fmt)
+    out = torch.empty_like(w_OI)
+    R, C = w_OI.shape
+    if granularity == "tensor":
+        tiles = [(slice(0, R), slice(0, C))]
+    elif granularity == "channel":
+        tiles = [(slice(r, r + 1), slice(0, C)) for r in range(R)]
+    else:
+        tiles = [(slice(r, r + 128), slice(c, c + 128)) for r in range(0, R, 128) for c in range(0, C, 128)]
+    for rows, cols in tiles:
+        tile = w_OI[rows, cols]
+        amax = tile.abs().amax()
+        scale = amax / fmax if amax > 0 else torch.ones(())
+        out[rows, cols] = (tile / scale).clamp(-fmax, fmax).to(FP8_DTYPES[fmt]).float() * scale
+    return out

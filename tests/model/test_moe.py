@@ -9,9 +9,8 @@ from transformers import AutoModelForCausalLM, GptOssConfig, Llama4ForCausalLM, 
 import mismatch
 from mismatch.errors import InputError
 from mismatch.perturb import perturb_, perturbed
-from mismatch.perturb.rounding import FP8_DTYPES, fp8_max
 from mismatch.perturb.scope import select
-from tests.conftest import MOE_FAMILIES, random_ids
+from tests.conftest import MOE_FAMILIES, random_ids, slow_fp8_round, slow_int_round
 from tests.perturb.test_apply import _assert_restored, _state
 
 ATTN = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
@@ -73,44 +72,12 @@ def test_every_expert_tensor_changes_and_restore_is_bitwise(tiny, family, spec):
         assert torch.equal(lm.model(ids).logits, clean)
 
 
-def _slow_int(w_OI, bits, group):
-    """Symmetric integer rounding of one matrix, group by group of input columns (slices, not reshapes)."""
-    qmax = 2 ** (bits - 1) - 1
-    out = torch.empty_like(w_OI)
-    g = w_OI.shape[1] if group is None else group
-    for c in range(0, w_OI.shape[1], g):
-        cols = w_OI[:, c:c + g]
-        amax = cols.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
-        out[:, c:c + g] = torch.clamp(torch.round(cols / scale), -qmax - 1, qmax) * scale
-    return out
-
-
-def _slow_fp8(w_OI, fmt, granularity):
-    """FP8 rounding of one matrix, scale by scale: the whole matrix, each row, or each 128×128 tile."""
-    fmax = fp8_max(fmt)
-    out = torch.empty_like(w_OI)
-    R, C = w_OI.shape
-    if granularity == "tensor":
-        tiles = [(slice(0, R), slice(0, C))]
-    elif granularity == "channel":
-        tiles = [(slice(r, r + 1), slice(0, C)) for r in range(R)]
-    else:
-        tiles = [(slice(r, r + 128), slice(c, c + 128)) for r in range(0, R, 128) for c in range(0, C, 128)]
-    for rows, cols in tiles:
-        tile = w_OI[rows, cols]
-        amax = tile.abs().amax()
-        scale = amax / fmax if amax > 0 else torch.ones(())
-        out[rows, cols] = (tile / scale).clamp(-fmax, fmax).to(FP8_DTYPES[fmt]).float() * scale
-    return out
-
-
-SLOW = {"int8:channel": lambda w: _slow_int(w, 8, None), "int4:group32": lambda w: _slow_int(w, 4, 32),
-        "int4:group128": lambda w: _slow_int(w, 4, 128),  # down_proj's 160 columns: a group of 128, one of 32
-        "fp8-e4m3:tensor": lambda w: _slow_fp8(w, "e4m3", "tensor"),
-        "fp8-e4m3:channel": lambda w: _slow_fp8(w, "e4m3", "channel"),
-        "fp8-e5m2:channel": lambda w: _slow_fp8(w, "e5m2", "channel"),
-        "fp8-e4m3:block128": lambda w: _slow_fp8(w, "e4m3", "block128")}  # 320×64 and 64×160: edge tiles
+SLOW = {"int8:channel": lambda w: slow_int_round(w, 8, None), "int4:group32": lambda w: slow_int_round(w, 4, 32),
+        "int4:group128": lambda w: slow_int_round(w, 4, 128),  # down_proj's 160 columns: a group of 128, one of 32
+        "fp8-e4m3:tensor": lambda w: slow_fp8_round(w, "e4m3", "tensor"),
+        "fp8-e4m3:channel": lambda w: slow_fp8_round(w, "e4m3", "channel"),
+        "fp8-e5m2:channel": lambda w: slow_fp8_round(w, "e5m2", "channel"),
+        "fp8-e4m3:block128": lambda w: slow_fp8_round(w, "e4m3", "block128")}  # 320×64 and 64×160: edge tiles
 
 
 @pytest.mark.parametrize("spec", list(SLOW))
@@ -182,7 +149,7 @@ def test_the_router_scope_quantizes_the_routers_only(tiny):
     before = _state(lm.model)
     with perturbed(lm.model, "int4:group32", layers="router") as cand:
         w = before[0]["model.layers.0.mlp.gate.weight"]
-        assert torch.equal(cand.model.layers[0].mlp.gate.weight, _slow_int(w, 4, 32))
+        assert torch.equal(cand.model.layers[0].mlp.gate.weight, slow_int_round(w, 4, 32))
         state = cand.state_dict()
         assert all(torch.equal(state[k], v) for k, v in before[0].items() if ".mlp.gate." not in k)
     with perturbed(lm.model, "dtype:bf16", layers="router") as cand:  # a router returns a tuple: cast back

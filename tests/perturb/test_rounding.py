@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from mismatch.perturb.rounding import FP8_DTYPES, fp8_max, round_fp8, round_fp8_per_token, round_int
+from mismatch.perturb.rounding import round_fp8, round_fp8_per_token, round_int
+from tests.conftest import slow_fp8_round, slow_int_round
 
 
 def _weight(rows, cols, seed=0):
@@ -15,32 +16,13 @@ def _weight(rows, cols, seed=0):
     return w
 
 
-def _slow_fp8(w, fmt, block_of):
-    """Scale each block by its own absmax (loops over blocks), cast with torch's dtype."""
-    out = torch.empty_like(w)
-    fmax = fp8_max(fmt)
-    blocks = {}
-    for i, j in itertools.product(range(w.shape[0]), range(w.shape[1])):
-        blocks.setdefault(block_of(i, j), []).append((i, j))
-    for cells in blocks.values():
-        amax = max(abs(float(w[i, j])) for i, j in cells)
-        scale = torch.tensor(amax / fmax if amax > 0 else 1.0, dtype=torch.float32)
-        for i, j in cells:
-            v = torch.clamp(w[i, j] / scale, -fmax, fmax)
-            out[i, j] = v.to(FP8_DTYPES[fmt]).float() * scale
-    return out
-
-
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("granularity,shape,block_of", [
-    ("tensor", (20, 33), lambda i, j: 0),
-    ("channel", (20, 33), lambda i, j: i),
-    ("block128", (130, 260), lambda i, j: (i // 128, j // 128)),  # not divisible by 128
-])
-def test_fp8_equals_torch_cast_bit_for_bit(fmt, granularity, shape, block_of):
+@pytest.mark.parametrize("granularity,shape", [("tensor", (20, 33)), ("channel", (20, 33)),
+                                               ("block128", (130, 260))])  # 130 × 260: not divisible by 128
+def test_fp8_equals_torch_cast_bit_for_bit(fmt, granularity, shape):
     w = _weight(*shape)
     got = round_fp8(w, fmt, granularity)
-    assert torch.equal(got, _slow_fp8(w, fmt, block_of))
+    assert torch.equal(got, slow_fp8_round(w, fmt, granularity))
     assert torch.isfinite(got).all()
     assert (got[1] == 0).all()  # all-zero row stays zero, no NaN from a zero scale
 
@@ -80,26 +62,10 @@ def test_fp8_per_token_group_activations_scale_each_128_columns_on_their_own():
     assert torch.equal(round_fp8_per_token(x, "e4m3", group=512), round_fp8_per_token(x, "e4m3"))
 
 
-def _slow_int(w, bits, group):
-    qmax = 2 ** (bits - 1) - 1
-    out = torch.empty_like(w)
-    for i in range(w.shape[0]):
-        cols = w.shape[1]
-        g = cols if group is None else group
-        for start in range(0, cols, g):
-            seg = w[i, start:start + g]
-            amax = float(seg.abs().max())
-            scale = torch.tensor(amax / qmax if amax > 0 else 1.0, dtype=torch.float32)
-            for j in range(seg.shape[0]):
-                q = torch.round(seg[j] / scale).clamp(-qmax - 1, qmax)
-                out[i, start + j] = q * scale
-    return out
-
-
 @pytest.mark.parametrize("bits,group", [(8, None), (4, 128), (4, 32), (8, 128), (3, 32), (3, None), (2, 32), (2, 128)])
 def test_int_rounding_matches_loop(bits, group):
     w = _weight(6, 300)  # 300 is not a multiple of 128: a short last group
     got = round_int(w, bits, group)
-    assert torch.equal(got, _slow_int(w, bits, group))
+    assert torch.equal(got, slow_int_round(w, bits, group))
     levels = {len(torch.unique(got[i, s:s + (group or 300)])) for i in range(6) for s in range(0, 300, group or 300)}
     assert max(levels) <= 2 ** bits
