@@ -4,7 +4,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-WARM_IMPORTS := mismatch.cli.app, mismatch.cli.tables, mismatch.probes.runs, mismatch.admission, mismatch.sweep.ray_pool, mismatch.report, matplotlib.pyplot, optimum.quanto, \
+WARM_IMPORTS := mismatch.cli.app, mismatch.cli.tables, mismatch.probes.runs, mismatch.admission.checker, mismatch.opd.trainer, \
+	mismatch.dumps.score, mismatch.sweep.ray_pool, mismatch.report, matplotlib.pyplot, optimum.quanto, \
 	bitsandbytes, pyarrow.parquet, ray, pytest
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error

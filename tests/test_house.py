@@ -127,8 +127,9 @@ def test_importing_mismatch_changes_no_environment_variable():
     ours = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "TORCHINDUCTOR_CACHE_DIR", "TRANSFORMERS_VERBOSITY")
     env = {k: v for k, v in os.environ.items() if k not in ours}
     code = ("import os, json; import torch, transformers.modeling_utils; before = dict(os.environ); "
-            "import mismatch, mismatch.admission, mismatch.cli.app, mismatch.probes.runs, mismatch.opd.trainer, "
-            "mismatch.sweep, mismatch.report, mismatch.dumps; import mismatch.perturb.backends as b; "
+            "import mismatch, mismatch.admission.checker, mismatch.cli.app, mismatch.probes.runs, mismatch.opd.trainer, "
+            "mismatch.sweep, mismatch.report, mismatch.dumps.score, mismatch.rollout.copy, mismatch.integrations.trl, "
+            "mismatch.monitor.drift; import mismatch.perturb.backends as b; "
             "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
