@@ -22,7 +22,7 @@ _SUBMODULES = ("model", "perturb", "rollout", "probes", "pairs", "opd", "analysi
                "report", "metrics", "monitor", "results", "files")
 __getattr__, __dir__ = lazy(globals(), {
     "LM": "mismatch.model.loader", "list_models": "mismatch.model.loader",
-    "load": ("mismatch.pairs.load", "load_member"),  # PAIR:student too, as the CLI
+    "load": ("mismatch.pairs.load", "load"),  # the model layer's `load`, with the pairs' PAIR:ROLE registered
     "probe": "mismatch.probes.core", "reference": "mismatch.probes.core",
     "ProbeResult": "mismatch.probes.core", "Reference": "mismatch.probes.core",
     "ProbeConfig": "mismatch.probes.runs", "probe_candidates": "mismatch.probes.runs",

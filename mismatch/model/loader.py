@@ -14,7 +14,8 @@ Nothing here touches the network: every load asks transformers for local files o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,10 @@ from transformers.utils import logging as hf_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from mismatch.model.catalog import builtin_loader, list_models, locate, unknown_model  # noqa: F401  (list_models: re-exported)
-from mismatch.errors import InputError, ModelNotAvailableError
+from mismatch.errors import InputError, ModelNotAvailableError, of_type
 from mismatch.model.device import is_balanced, resolve_device, spread
 from mismatch.files import read_json
+from mismatch.registry import Registry
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -142,13 +144,24 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+# the kinds of spec (`locate`'s) a higher layer resolves: the pairs register `pair` (`PAIR:student`, `PAIR:teacher`),
+# so `load` takes them without this layer knowing any pair
+RESOLVERS: Registry[Callable[..., LM]] = Registry("model spec kind", InputError)
+
+
+def register_resolver(kind: str, resolve: Callable[..., LM]) -> None:
+    """Let `load` take the specs `locate` calls `kind`: `resolve(spec, *, dtype, seed, device) -> LM`."""
+    RESOLVERS.register(kind, resolve)
+
+
 def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
          device: str | torch.device = "cpu") -> LM:
-    """Load a causal LM and its tokenizer from local files only.
+    """Load a causal LM and its tokenizer from local files only: `mismatch.load`.
 
     Args:
-        spec: a built-in name (`list_models()`), a local checkpoint directory, or a hub id
-            present in the local Hugging Face cache.
+        spec: a built-in name (`list_models()`), a local checkpoint directory, a hub id present in the
+            local Hugging Face cache, or a kind a higher layer registered (`register_resolver`): a pair's model,
+            `PAIR:student` / `PAIR:teacher` (`mismatch.pairs.load.load_member`).
         dtype: parameter dtype (`"fp32"` default, `"bf16"`, `"fp16"` or a `torch.dtype`).
         seed: initialisation seed of the tiny random-init models (ignored otherwise).
         device: where the model lives: `"cpu"` (default), `"cuda"`, `"cuda:N"`, `"auto"`, or `"balanced"` (a
@@ -162,6 +175,10 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
         ModelNotAvailableError: the spec cannot be resolved without the network.
         InputError: an unknown device, or CUDA asked for where none is present.
     """
+    of_type(spec, (str, os.PathLike), "a model spec")
+    spec = os.fspath(spec)
+    if spec.strip() and (kind := locate(spec)) in RESOLVERS:
+        return RESOLVERS[kind](spec, dtype=dtype, seed=seed, device=device)
     resolve_device(device)  # before reading any weights: a wrong device fails at once
     with quiet_loading():
         lm = _load(spec, parse_dtype(dtype), seed)
@@ -188,7 +205,7 @@ def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
         model, tokenizer = _load_local(Path(spec).expanduser(), dtype)
     elif where == "hub cache":
         model, tokenizer = _load_hub_cache(spec, dtype)
-    else:  # PAIR:ROLE reaches here only from outside the pair registry (`mismatch.load` resolves it first)
+    else:  # PAIR:ROLE of no registered pair, or with no resolver registered (`mismatch.load` registers the pairs')
         raise unknown_model(spec)
     model.eval()
     return LM(model=model, tokenizer=tokenizer, name=spec, source=spec)

@@ -82,11 +82,11 @@ class OPDConfig:
             raise InputError(f"OPD settings: {str(exc).splitlines()[0]}") from None
 
     def _validate(self) -> None:
-        for field in dataclasses.fields(self):  # numbers are numbers (a study file may quote one)
-            value = getattr(self, field.name)
-            if field.type.split(" | ")[0] in ("int", "float") and value is not None and (
+        for spec in dataclasses.fields(self):  # numbers are numbers (a study file may quote one)
+            value = getattr(self, spec.name)
+            if spec.type.split(" | ")[0] in ("int", "float") and value is not None and (
                     isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise InputError(f"{field.name} must be a number, got {value!r}")
+                raise InputError(f"{spec.name} must be a number, got {value!r}")
         # what is checked against torch (the registered losses, the devices present) is imported here: reading a
         # config's fields and comparing runs (`mismatch.analysis`) needs no torch
         from mismatch.model.device import is_balanced, resolve_device

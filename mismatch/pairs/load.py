@@ -21,7 +21,8 @@ from mismatch.model.device import resolve_device
 from mismatch.model.layout import drop_layers
 from mismatch.hashing import sha256_file
 from mismatch.model.catalog import weights_digest
-from mismatch.model.loader import LM, load, place
+from mismatch.model.catalog import locate, unknown_model
+from mismatch.model.loader import LM, load, place, register_resolver
 from mismatch.model.smollm2 import smollm2_checkpoint, smollm2_gguf_path
 from mismatch.model.tokenizer import vocab_fingerprint
 from mismatch.pairs.build import cache_build_dir, synthetic_dir, valid_build
@@ -197,6 +198,8 @@ def load_member(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: in
             device, or CUDA asked for where none is present.
     """
     built = _built_member(spec)
+    if built is None and checkpoint(spec) == os.fspath(spec) and locate(os.fspath(spec)) == "pair":
+        raise unknown_model(os.fspath(spec))  # `PAIR:ROLE` of no pair here: one line, not a loop through `load`
     if built is not None:
         resolve_device(device)  # before building the member: a wrong device fails at once
         pair, role = built
@@ -387,3 +390,6 @@ def pruned_digest(spec: PairSpec) -> str:
 def preset_digest(spec: PairSpec) -> str:
     """Both checkpoints' files."""
     return content_hash({r: weights_digest(r) for r in (spec.student, spec.teacher)})
+
+
+register_resolver("pair", load_member)  # `mismatch.load("PAIR:student")`: the model layer knows no pair

@@ -280,3 +280,24 @@ def test_the_pretrained_digest_covers_the_questions_and_the_teacher_context(monk
     monkeypatch.undo()
     monkeypatch.setattr(load, "CONCISE_CONTEXT", load.CONCISE_CONTEXT[:3])  # what the digest reads
     assert len({before, fewer, pair_digest("smollm2-concise")}) == 3
+
+
+def test_mismatch_load_is_the_model_layers_load_with_the_pairs_registered():
+    """`mismatch.load` is `mismatch.model.loader.load` (its real signature); the pairs register `PAIR:ROLE` with it,
+    so a fresh process loads a pair's model through it, and a pair that is not here is one line, not a loop."""
+    import subprocess
+    import sys
+
+    from mismatch.model.loader import RESOLVERS, load
+    from mismatch.pairs.load import load_member
+
+    assert mismatch.load is load and RESOLVERS["pair"] is load_member
+    code = ("import mismatch, torch; lm = mismatch.load('sort-gpt2:student'); "
+            "from mismatch.pairs.catalog import member_spec; ref = mismatch.load(member_spec('sort-gpt2:student')); "
+            "print(lm.name, all(torch.equal(a, b) for a, b in zip(lm.model.state_dict().values(), "
+            "ref.model.state_dict().values())))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["sort-gpt2:student", "True"]
+    with pytest.raises(ModelNotAvailableError, match="unknown model 'no-such-pair:student'") as info:
+        mismatch.load("no-such-pair:student")
+    assert "\n" not in str(info.value)
