@@ -16,18 +16,16 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mismatch.errors import InputError, ModelNotAvailableError, VocabMismatchError, of_type
-from mismatch.hashing import content_hash
+from mismatch.hashing import content_hash, sha256_file
+from mismatch.model.catalog import locate, unknown_model, weights_digest
 from mismatch.model.device import resolve_device
 from mismatch.model.layout import drop_layers
-from mismatch.hashing import sha256_file
-from mismatch.model.catalog import weights_digest
-from mismatch.model.catalog import locate, unknown_model
-from mismatch.model.loader import LM, load, place, register_resolver
+from mismatch.model.loader import LM, load, place, register_resolver  # load: `mismatch.load`, re-exported here
 from mismatch.model.smollm2 import smollm2_checkpoint, smollm2_gguf_path
 from mismatch.model.tokenizer import vocab_fingerprint
 from mismatch.pairs.build import cache_build_dir, synthetic_dir, valid_build
-from mismatch.pairs.catalog import (CONCISE_CONTEXT, PAIRS, PRUNED_BLOCKS, SYNTHETIC_RECIPES, Message, PairSpec, Progress, availability,
-                                    committed_dir, member_spec, pair_kind, pair_spec, read_pair_file)
+from mismatch.pairs.catalog import (CONCISE_CONTEXT, PAIRS, PRUNED_BLOCKS, SYNTHETIC_RECIPES, Message, PairSpec, Progress,
+                                    availability, committed_dir, member_spec, pair_kind, pair_spec, read_pair_file)
 from mismatch.pairs.tasks import TASKS, PromptList
 
 
