@@ -9,9 +9,8 @@ the whole interval lies at or below its limit, reject when wholly above, uncerta
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,8 +25,6 @@ from mismatch.metrics import checked_inputs, rollout_stats, sampled_token_metric
 from mismatch.verdict import ADMISSION_WORDS, Verdict, combine, interval_verdict
 
 BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statistic's interval
-
-
 
 
 @dataclass
