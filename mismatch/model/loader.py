@@ -177,11 +177,14 @@ def load(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: int = 0,
     """
     of_type(spec, (str, os.PathLike), "a model spec")
     spec = os.fspath(spec)
-    if spec.strip() and (kind := locate(spec)) in RESOLVERS:
-        return RESOLVERS[kind](spec, dtype=dtype, seed=seed, device=device)
+    if not spec.strip():
+        raise InputError("model spec must be a non-empty string")
+    where = locate(spec)  # the one resolution rule, and its errors
+    if where in RESOLVERS:
+        return RESOLVERS[where](spec, dtype=dtype, seed=seed, device=device)
     resolve_device(device)  # before reading any weights: a wrong device fails at once
     with quiet_loading():
-        lm = _load(spec, parse_dtype(dtype), seed)
+        lm = _load(spec, where, parse_dtype(dtype), seed)
     place(lm.model, device)
     return lm
 
@@ -195,10 +198,8 @@ def place(model: PreTrainedModel, device: str | torch.device) -> None:
         model.to(where)
 
 
-def _load(spec: str, dtype: torch.dtype, seed: int) -> LM:
-    if not isinstance(spec, str) or not spec.strip():
-        raise InputError("model spec must be a non-empty string")
-    where = locate(spec)  # the one resolution rule, and its errors
+def _load(spec: str, where: str, dtype: torch.dtype, seed: int) -> LM:
+    """The model `spec` names, read from where `locate` found it."""
     if where == "builtin":
         model, tokenizer = builtin_loader(spec)(dtype, seed)
     elif where == "directory":

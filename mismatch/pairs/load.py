@@ -196,15 +196,16 @@ def load_member(spec: str, *, dtype: str | torch.dtype = torch.float32, seed: in
             device, or CUDA asked for where none is present.
     """
     built = _built_member(spec)
-    if built is None and checkpoint(spec) == os.fspath(spec) and locate(os.fspath(spec)) == "pair":
-        raise unknown_model(os.fspath(spec))  # `PAIR:ROLE` of no pair here: one line, not a loop through `load`
     if built is not None:
         resolve_device(device)  # before building the member: a wrong device fails at once
         pair, role = built
         lm = pair_kind(pair).member(pair, role, dtype)
         place(lm.model, device)
     else:
-        lm = load(checkpoint(spec), dtype=dtype, seed=seed, device=device)
+        path = checkpoint(spec)
+        if path == os.fspath(spec) and locate(path) == "pair":
+            raise unknown_model(path)  # `PAIR:ROLE` of no pair here: one line, not a loop through `load`
+        lm = load(path, dtype=dtype, seed=seed, device=device)
     return LM(lm.model, lm.tokenizer, os.fspath(spec), None if built else lm.source)  # a built member: no file
 
 
