@@ -43,17 +43,19 @@ LONG_T = 8192
 GIB = 1 << 30
 
 
-def build_checkpoint(where: Path) -> Path:
+def build_checkpoint(where: Path, tokenizer: str = "smollm2-135m") -> Path:
     """SmolLM2-1.7B's architecture, random-init in bf16, with SmolLM2's tokenizer (built once, in a child
-    process: this one stays small, so the children whose peak memory is measured inherit nothing)."""
+    process: this one stays small, so the children whose peak memory is measured inherit nothing).
+    `tokenizer`: the built-in model whose tokenizer it takes, or a directory holding that tokenizer (where
+    the weights are not, e.g. benchmarks/device_check.py's packed stand-in on a lent GPU)."""
     if not (where / "tokenizer_config.json").is_file():
-        peak_rss([sys.executable, __file__, "--part", "build", "--workdir", str(where)])
+        peak_rss([sys.executable, __file__, "--part", "build", "--workdir", str(where), "--tokenizer", tokenizer])
     return where
 
 
-def build(where: Path) -> int:
+def build(where: Path, tokenizer: str = "smollm2-135m") -> int:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     import mismatch
 
@@ -63,7 +65,8 @@ def build(where: Path) -> int:
     model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_1_7B, torch_dtype="bfloat16")).to(torch.bfloat16)
     model.save_pretrained(where)
     del model
-    mismatch.load("smollm2-135m").tokenizer.save_pretrained(where)  # last: its file marks the build done
+    tok = AutoTokenizer.from_pretrained(tokenizer) if Path(tokenizer).is_dir() else mismatch.load(tokenizer).tokenizer
+    tok.save_pretrained(where)  # last: its file marks the build done
     return 0
 
 
@@ -178,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "mismatch" / "bench-scale")
     parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--part", choices=["long-probe", "build"], help=argparse.SUPPRESS)  # the children
+    parser.add_argument("--tokenizer", default="smollm2-135m", help=argparse.SUPPRESS)  # the build child's
     args = parser.parse_args(argv)
     if args.part == "long-probe":
         return long_probe()
     if args.part == "build":
-        return build(args.workdir)
+        return build(args.workdir, args.tokenizer)
     checkpoint = build_checkpoint(args.workdir / "smollm2-1.7b-random-bf16")
     check = check_part(checkpoint, args.compare)
     print(f"check on {checkpoint.name}: {check['parameters'] / 1e9:.2f}B parameters, {check['weights_gib']:.2f} GiB "
