@@ -93,8 +93,9 @@ def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
 
 
 def short_text(value: object) -> str:
-    """A setting or level as the tables write it: `off` for None/NaN, floats in `%g`."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    """A setting or level as the tables write it: `off` for None/NaN/`pd.NA` (a nullable integer column's unset
+    value, as a dataset directory reads back), floats in `%g`."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "off"
     if isinstance(value, float):
         return f"{value:g}"

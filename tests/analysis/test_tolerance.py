@@ -13,7 +13,8 @@ from mismatch.opd.config import OPDConfig
 from mismatch.report.tolerance import write_tolerance_report
 from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
-from mismatch.results import tidy
+from mismatch.analysis.length import is_rung
+from mismatch.results import read_results, tidy, write_frame
 from tests.conftest import STAMP, opd_rows
 
 BASE = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4)
@@ -303,3 +304,20 @@ def test_identical_levels_are_reported_once_and_marginal_ones_are_marked():
     int8 = levels.loc["int8:channel"]
     assert int8["verdict"] == "tolerated" and 0 < 1.1 - (int8["kl_ratio"] + int8["kl_ratio_hw"]) < int8["kl_ratio_mc_se"]
     assert int8["marginal"] and not levels.loc["int4:channel", "marginal"]
+
+
+def test_a_length_rung_beside_runs_at_their_pairs_cap_is_the_only_rung(rows, tmp_path):
+    """`max_new_tokens` set on a ladder's runs and unset on the rest, read back from a dataset directory (a
+    nullable integer column: `<NA>` for the unset): the rest read `max_new_tokens off`, so only the ladder's levels are rungs (a
+    `<NA>` read as a cap made every level a rung, and the admission fit found no level to fit on)."""
+    extra = [_run(dataclasses.replace(BASE, max_new_tokens=16, rollout=r, seed=s), 0.40, 1.0)
+             for r in ("none", "noise:0.5") for s in range(3)]
+    write_frame(rows, tmp_path / "a.parquet")  # two parts of a dataset directory, as a sweep writes them
+    write_frame(pd.concat(extra, ignore_index=True), tmp_path / "b.parquet")
+    back = read_results(tmp_path)
+    assert str(back["max_new_tokens"].dtype) == "Int64" and back["max_new_tokens"].isna().any()
+    levels = level_table(run_table(back))
+    capped = levels["settings"].str.contains("max_new_tokens 16")
+    assert capped.sum() == 1 and (~capped).sum() > 1
+    assert is_rung(levels["settings"]).tolist() == capped.tolist()
+    assert not levels["settings"].str.contains("<NA>").any()
