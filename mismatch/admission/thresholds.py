@@ -74,7 +74,8 @@ class Thresholds:
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
     # how the tolerated per-token limit scales with response length (`mismatch.analysis.length`: the study's length
     # ladders): `b_low`, `b_high` (the exponents of limit ∝ T^b every ladder's brackets allow, the most cautious
-    # ends over ladders; None: open), `lengths`, `ladders` (family · loss · settings); empty while none is decided
+    # ends over ladders; None: open), `lengths`, `ladders` (family · loss · settings); empty while no ladder bounds
+    # the exponent on either side (`LengthLaw.informative`; the check then assumes per sequence)
     length_law: dict = field(default_factory=dict)
 
     @property
@@ -248,7 +249,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
               if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
-    laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.consistent]
+    laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.informative]  # an open one: no law
     length = {} if not laws else {  # every ladder's envelope: the lowest b for longer responses, the highest for shorter
         "b_low": _finite(min(law.b_low for _, law in laws)), "b_high": _finite(max(law.b_high for _, law in laws)),
         "lengths": sorted({t for _, law in laws for t in law.lengths}),

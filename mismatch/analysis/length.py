@@ -93,8 +93,16 @@ class LengthLaw:
         fmt = lambda b: f"{b:+.2f}" if math.isfinite(b) else ("−∞" if b < 0 else "+∞")  # noqa: E731
         allowed = [n for n, ok in self.hypotheses.items() if ok]
         excluded = [n for n, ok in self.hypotheses.items() if not ok]
-        return (f"exponent b in [{fmt(self.b_low)}, {fmt(self.b_high)}] (midpoints: {fmt(self.b_mid)}); "
+        mid = (f"midpoints: {fmt(self.b_mid)}" if not math.isnan(self.b_mid)
+               else "no midpoint fit: fewer than two closed brackets")
+        return (f"exponent b in [{fmt(self.b_low)}, {fmt(self.b_high)}] ({mid}); "
                 f"allowed: {', '.join(allowed) or 'none'}; excluded: {', '.join(excluded) or 'none'}")
+
+    @property
+    def informative(self) -> bool:
+        """Whether the brackets bound the exponent on at least one side (a ladder whose brackets are all open
+        on the same side allows every exponent: it measured no law)."""
+        return self.consistent and (math.isfinite(self.b_low) or math.isfinite(self.b_high))
 
 
 def length_law(table: pd.DataFrame) -> LengthLaw:
@@ -171,7 +179,8 @@ def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, 
     pair trains. A rung is a (pair, `max_new_tokens`)."""
     if levels.empty or "response_tokens" not in levels:
         return pd.DataFrame(), []
-    noise = rungs(levels[levels["source"] == "noise"], families)
+    noise = levels[(levels["source"] == "noise") & np.isfinite(levels["response_tokens"].astype(float))]
+    noise = rungs(noise, families)  # a level without a measured response length is on no length ladder
     tables, laws = [], []
     for key, group in noise.groupby(["family", "loss", "base_settings"], sort=True):
         if len(group[["pair", "max_new_tokens"]].drop_duplicates()) < 2:

@@ -144,3 +144,35 @@ def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
     assert "No limit fitted: not enough data" in (tmp_path / "admission.md").read_text()
     t = thresholds_from_rows(study, sources=["hand-made"])  # a full fit writes strict JSON (null, never NaN)
     json.loads(t.to_json(tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+
+
+def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]]) -> list[pd.DataFrame]:
+    """A length ladder on sort-gpt2: at each response cap, a clean twin and noise levels of (KL ratio,
+    first-step mismatch_kl), three seeds, every response at its cap (`tokens` = cap × batch)."""
+    frames = []
+    for cap, levels in ratios.items():
+        for seed in range(3):
+            cfg = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap, seed=seed)
+            for rollout, (ratio, kl) in {"none": (1.0, 0.0), **{f"noise:{s}": v for s, v in levels.items()}}.items():
+                frames.append(opd_rows(dataclasses.replace(cfg, rollout=rollout), {
+                    "heldout_rkl": {0: 2.0, 2: ratio * (1 + 0.01 * seed) if rollout != "none" else 1.0},
+                    "heldout_expected_accuracy": {2: 0.5}, "mismatch_kl": {1: kl, 2: kl},
+                    "tokens": {1: 4.0 * cap, 2: 4.0 * cap}}))
+    return frames
+
+
+def test_a_length_ladder_gives_the_law_not_the_limits_and_an_open_one_no_law(study):
+    """A ladder's rungs (a pair at response caps of its own) stay out of the limits' fit; their noise brackets give
+    `length_law` only where they bound the exponent on a side: a ladder tolerated to its top measured no law."""
+    alone = thresholds_from_rows(study, sources=["hand-made"])
+    open_top = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (1.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (1.0, 1.5)}})
+    t = thresholds_from_rows(pd.concat([study, *open_top], ignore_index=True), sources=["hand-made"])
+    assert t.limits == alone.limits and t.brackets == alone.brackets and len(t.points) == len(alone.points)
+    assert t.length_law == {}  # every bracket open above: every exponent allowed, so the check keeps its assumption
+    closed = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (2.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (2.0, 1.5)}})
+    t = thresholds_from_rows(pd.concat([study, *closed], ignore_index=True), sources=["hand-made"])
+    assert t.limits == alone.limits
+    # brackets [0.5, 2.0] at 8 tokens and [0.4, 1.5] at 32: b in [log(0.4/2)/log 4, log(1.5/0.5)/log 4]
+    assert t.length_law["b_low"] == pytest.approx(math.log(0.4 / 2.0) / math.log(4))
+    assert t.length_law["b_high"] == pytest.approx(math.log(1.5 / 0.5) / math.log(4))
+    assert t.length_law["lengths"] == [8.0, 32.0]

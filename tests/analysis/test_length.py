@@ -59,6 +59,8 @@ def test_brackets_no_power_law_fits_and_open_brackets():
     open_top = pd.DataFrame({"response_tokens": [10.0, 100.0], "low": [0.1, 0.05], "high": [math.inf, math.inf]})
     law = length_law(open_top)  # only lower bounds: c can grow without end, so every exponent is allowed
     assert law.consistent and law.b_low == -math.inf and law.b_high == math.inf and all(law.hypotheses.values())
+    assert not law.informative and "+∞" not in law.describe().split("(")[1]  # no closed bracket: no midpoint, not +∞
     one_closed = open_top.assign(high=[0.2, math.inf])  # a ceiling at T = 10 and a floor at 100: b ≥ log(0.05/0.2)/log 10
     law = length_law(one_closed)
     assert law.b_low == pytest.approx(math.log(0.05 / 0.2) / math.log(10)) and law.b_high == math.inf
+    assert law.informative
