@@ -74,7 +74,7 @@ class Thresholds:
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
     # how the tolerated per-token limit scales with response length (`mismatch.analysis.length`: the study's length
     # ladders): `b_low`, `b_high` (the exponents of limit ∝ T^b every ladder's brackets allow, the most cautious
-    # ends over ladders; None: open), `lengths`, `ladders` (family · loss · settings); empty while no ladder bounds
+    # ends over ladders; NaN, JSON null: open), `lengths`, `ladders` (family · loss · settings); empty while no ladder bounds
     # the exponent on either side (`LengthLaw.informative`; the check then assumes per sequence)
     length_law: dict = field(default_factory=dict)
 
@@ -269,9 +269,10 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                       length_law=length)
 
 
-def _finite(x: float) -> float | None:
-    """A law's exponent for JSON: None where the brackets leave it open (±∞) or undetermined (NaN)."""
-    return float(x) if math.isfinite(x) else None
+def _finite(x: float) -> float:
+    """A law's exponent: NaN where the brackets leave it open (±∞) or undetermined — written `null` to JSON and
+    read back as NaN (`_strict` / `_unstrict`), so a fit and its shipped file compare equal."""
+    return float(x) if math.isfinite(x) else math.nan
 
 
 def _digest(ids: list[str]) -> str:
