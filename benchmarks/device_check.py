@@ -85,8 +85,8 @@ def pack(where: Path) -> dict:
 
 
 def stand_in(packed: Path) -> Path:
-    """A checkpoint of the packed architecture with seed-0 random weights (fp32) and its tokenizer, built
-    once beside the packed files' cache."""
+    """A checkpoint of the packed architecture with seed-0 random weights (fp32) and its tokenizer, built once
+    under ~/.cache/mismatch/device-check/ (keyed by the packed folder's name)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")  # after each part: a stop keeps it
     print(f"wrote {args.out}")
     return 0 if not any("error" in v for v in report.values() if isinstance(v, dict)) else 1
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
