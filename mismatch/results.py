@@ -271,10 +271,16 @@ def _schema(path: Path) -> pa.Schema:
                          "move it out of the results directory") from None
 
 
+def _to_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table as pandas, integers as nullable Int64 (an unset setting reads `<NA>`), the same
+    whether the rows came from one file or from a directory's parts."""
+    return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+
 def _read_file(path: Path) -> pd.DataFrame:
     try:
         if path.suffix == ".parquet":
-            return pd.read_parquet(path)
+            return _to_frame(pq.read_table(path))
         return pd.read_csv(path, dtype={c: "string" for c in _STRING_COLUMNS}, keep_default_na=True)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise InputError(f"{path} is not a readable results file ({str(exc).splitlines()[0]})") from None
@@ -302,7 +308,7 @@ def _read_parts(directory: Path) -> pd.DataFrame:
             table = ds.dataset([str(p) for p in parts], schema=schema, format="parquet").to_table()
         except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
             raise InputError(f"results in {directory} disagree on a column's type: {str(exc).splitlines()[0]}") from None
-        frames.append(table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get))
+        frames.append(_to_frame(table))
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     writers: dict[tuple[str, ...], set[str | None]] = {}
     for p in parts:

@@ -206,3 +206,20 @@ def test_a_writer_appends_by_default_and_finishing_a_run_it_never_wrote_removes_
         w.finish("probe", _probe(result, seed=0)["run_id"].iloc[0])  # not this writer's run: its parts stay
         w.finish("probe", other["run_id"].iloc[0])
     assert read_results(dest)["seed"].nunique() == 2 and len(list(dest.glob("*.parquet"))) == 2
+
+
+def test_a_directory_and_a_single_file_read_the_same_rows_with_the_same_dtypes(tmp_path):
+    """One run caps its responses, its neighbour leaves the cap unset: read from a dataset directory
+    (parts) or from one file, the rows, their dtypes and the unset value (`<NA>`) are the same."""
+    capped = _opd(OPDConfig(pair="sort-gpt2", max_new_tokens=32), {0: 1.0, 1: 0.5})
+    free = _opd(OPDConfig(pair="sort-gpt2", seed=1), {0: 1.0, 1: 0.75})
+    for dest in ("dir", "r.parquet"):
+        writer = ResultsWriter(tmp_path / dest)
+        writer.write(capped)
+        writer.write(free)
+    by_dir, by_file = (read_results(tmp_path / d).sort_values(["seed", "step"], ignore_index=True)
+                       for d in ("dir", "r.parquet"))
+    assert dict(by_dir.dtypes) == dict(by_file.dtypes)
+    assert by_file["max_new_tokens"].dtype == "Int64"
+    assert by_file.groupby("seed")["max_new_tokens"].first(skipna=False).isna().tolist() == [False, True]
+    pd.testing.assert_frame_equal(by_dir, by_file)
