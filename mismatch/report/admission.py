@@ -63,6 +63,7 @@ def admission_markdown(t: Thresholds) -> str:
               f"{n}. " + ("No better than always admitting." if right <= always else
                           f"The check differs from always admitting on {n - always} not-tolerated level(s).")]
     lines += _held_out_by(t)
+    lines += _held_out_on_kl(t)
     lines += _drift_lines(t)
     return "\n".join(lines) + "\n"
 
@@ -97,6 +98,39 @@ def _held_out_by(t: Thresholds) -> list[str]:
         for group, g in pred.groupby(by, sort=True):
             tol = int(g["tolerated"].astype(bool).sum())
             lines.append(f"| {by} | {group} | {len(g)} | {int(g['right'].sum())} | {tol} | {len(g) - tol} |")
+    return lines
+
+
+KL_LABELS = ("tolerated", "not tolerated")  # a level's verdict on the KL ratio alone, where it is decided
+
+
+def _held_out_on_kl(t: Thresholds) -> list[str]:
+    """Leave one pair out again, every level labelled by its KL-ratio verdict alone (`kl_verdict`): the
+    criterion every pair is judged on — a pair without a task accuracy has no other — so a pair's levels
+    are not predicted from labels set by a criterion it lacks."""
+    points = pd.DataFrame(t.points)
+    if points.empty or t.primary not in points or "kl_verdict" not in points:
+        return []
+    kl = points[points["kl_verdict"].isin(KL_LABELS)]
+    kl = kl.assign(tolerated=kl["kl_verdict"] == "tolerated")
+    if kl["pair"].nunique() < 2:
+        return []
+    pred = held_out_predictions(kl, t.primary)
+    pred = pred.assign(right=pred["admitted"] == pred["tolerated"])
+    lines = ["", f"### {t.primary} leaving one pair out, labelled by the KL ratio alone", "",
+             "A level's label above is its verdict on both criteria where its pair has a task accuracy (the synthetic "
+             "pairs), on the KL ratio alone where it has none. Here every level is labelled by its KL-ratio verdict "
+             "alone (the criterion every pair has; levels it decides), each pair's levels predicted by the limit "
+             "fitted on the other pairs' so labelled.", "",
+             "| held-out pair | limit without it | levels | right | always admit | always reject |",
+             "|---|---|---|---|---|---|"]
+    for pair, g in pred.groupby("held_out", sort=True):
+        tol = int(g["tolerated"].sum())
+        lines.append(f"| {pair} | {g['limit'].iloc[0]:.3g} | {len(g)} | {int(g['right'].sum())} | {tol} | "
+                     f"{len(g) - tol} |")
+    right, tol = int(pred["right"].sum()), int(pred["tolerated"].sum())
+    lines += ["", f"On the KL ratio alone: {right} of {len(pred)} held-out levels predicted right; always admitting "
+              f"gets {tol}, always rejecting {len(pred) - tol}."]
     return lines
 
 

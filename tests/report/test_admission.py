@@ -49,3 +49,30 @@ def test_the_drift_margin_section_counts_the_decided_levels_it_would_make_uncert
     text = admission_markdown(t)
     assert "| format | 6 | 0.9 | 1.8 | 0.5 | 0.05 | 1 | 1 |" in text
     assert "## Drift margin" not in admission_markdown(Thresholds(**{**t.__dict__, "drift": {}}))
+
+
+def test_leaving_one_pair_out_on_the_kl_ratio_alone_relabels_levels_an_accuracy_criterion_failed():
+    from mismatch.admission.thresholds import Thresholds
+    from mismatch.report.admission import admission_markdown
+
+    def point(pair, value, verdict, kl_verdict):
+        return {"pair": pair, "source": "noise", "level": f"{value}", "seeds": 3, "mismatch_kl": value,
+                "acc_delta": 0.0, "acc_delta_hw": 0.01, "kl_ratio": 1.0, "kl_ratio_hw": 0.01, "verdict": verdict,
+                "kl_verdict": kl_verdict, "decided": verdict != "uncertain", "tolerated": verdict == "tolerated",
+                "response_tokens": 8.0}
+
+    # pair a has an accuracy: 0.3 fails it (not tolerated) but keeps up on the KL ratio; 0.2's KL verdict is
+    # undecided (left out here). Pair b has the KL ratio only.
+    points = [point("a", 0.1, "tolerated", "tolerated"), point("a", 0.2, "not tolerated", "uncertain"),
+              point("a", 0.3, "not tolerated", "tolerated"), point("a", 2.0, "not tolerated", "not tolerated"),
+              point("b", 0.5, "tolerated", "tolerated"), point("b", 3.2, "not tolerated", "not tolerated")]
+    t = Thresholds(primary="mismatch_kl", limits={"mismatch_kl": 0.15}, brackets={"mismatch_kl": [0.1, 0.2]},
+                   points=points, validation=[], lagged=[], provenance={"results": ["hand-made"]})
+    text = admission_markdown(t)
+    # held out a: b's split at √(0.5·3.2) = 1.26 admits 0.1 and 0.3 (tolerated on KL) and rejects 2.0;
+    # held out b: a's KL labels split at √(0.3·2.0) = 0.775, admitting 0.5 and rejecting 3.2
+    assert "| a | 0.775 | 3 | 3 | 2 | 1 |" not in text and "| a | 1.26 | 3 | 3 | 2 | 1 |" in text
+    assert "| b | 0.775 | 2 | 2 | 1 | 1 |" in text
+    assert "On the KL ratio alone: 5 of 5 held-out levels predicted right; always admitting gets 3, always rejecting 2." in text
+    older = [{k: v for k, v in p.items() if k != "kl_verdict"} for p in points]  # a thresholds file before it
+    assert "labelled by the KL ratio alone" not in admission_markdown(Thresholds(**{**t.__dict__, "points": older}))
