@@ -98,9 +98,9 @@ reproduce-study: $(STAMP)
 	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
-# The rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
-# SmolLM2 pairs against reproduce-study's twins; ~10 hours on 2 cores) and the length ladder (sweeps/length.toml:
-# smollm2-pruned at 8, 32 and 128 response tokens; ~4 hours), in parts with --resume.
+# The length ladder (sweeps/length.toml: smollm2-pruned at 8, 32 and 128 response tokens; ~7 hours on 2 cores),
+# then the rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
+# SmolLM2 pairs against reproduce-study's twins and the ladder's 32-token rung; ~7 hours), in parts with --resume.
 reproduce-study-extended: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/length.toml --out $(RESULTS)/paper --workers 2 --resume && \
