@@ -124,7 +124,9 @@ def _carried(source: str, level: int, verdict: Verdict, note: str, r: dict | Non
 
 def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: TrainerSettings) -> tuple[Decision, str]:
     """The study's verdict of `source` at `level` under the user's trainer settings, as (decision, note):
-    uncertain, saying so, where the study ran no such level at those settings."""
+    uncertain, saying so, where the study ran no such level at those settings. Where several pairs ran it at
+    those settings, their decided verdicts must agree (an undecided one contradicts none), else uncertain;
+    the note quotes each."""
     rows = [r for r in thresholds.lagged if r["source"] == source]
     if not rows:
         return _carried(source, level, Verdict.UNCERTAIN,
@@ -136,14 +138,26 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: T
         return _carried(source, level, Verdict.UNCERTAIN,
                         f"{source}:{level}: no study covers {trainer.describe()} (studied at this level: "
                         f"{'; '.join(studied) or 'none'}); give --teacher to measure it on this checkpoint")
-    r = match[0]
-    verdict = from_word(r["verdict"])  # the study's word, stored in the thresholds
+    decided = {r["verdict"] for r in match if r["verdict"] != "uncertain"}
+    studies = "; ".join(_study_line(r) for r in match)
+    if len(decided) != 1:
+        why = ("the studies at the same settings disagree" if decided else
+               "the study at the same settings is undecided" if len(match) == 1 else
+               "the studies at the same settings are all undecided")
+        return _carried(source, level, Verdict.UNCERTAIN, f"{source}:{level} not measured on this checkpoint (no "
+                        f"--teacher); {why}: {studies}; give --teacher to measure it on this checkpoint")
+    r = next(r for r in match if r["verdict"] in decided)
+    note = (f"{source}:{level} not measured on this checkpoint (no --teacher); carried over from the "
+            f"stud{'ies' if len(match) > 1 else 'y'} at the same settings: {studies}")
+    return _carried(source, level, from_word(r["verdict"]), note, r)  # the study's word, stored in the thresholds
+
+
+def _study_line(r: dict) -> str:
+    """One studied level as the check's note quotes it: pair, settings, its numbers and verdict."""
     acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
         f"Δ accuracy {100 * r['acc_delta']:+.1f} ± {100 * r['acc_delta_hw']:.1f} pts, ")
-    note = (f"{source}:{level} not measured on this checkpoint (no --teacher); carried over from the study at the "
-            f"same settings: {r['pair']}, {r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± "
-            f"{r['kl_ratio_hw']:.3f} over {r['seeds']} seeds → {r['verdict']}")
-    return _carried(source, level, verdict, note, r)
+    return (f"{r['pair']}, {r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over "
+            f"{r['seeds']} seeds → {r['verdict']}")
 
 
 def _words(settings: str) -> set[str]:

@@ -431,3 +431,24 @@ def test_json_output_is_strict_where_an_interval_is_undefined(tmp_path):
     assert res.exit_code == 3, res.output
     payload = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert payload["decisions"][0]["low"] == "nan" and math.isnan(float(payload["decisions"][0]["high"]))
+
+
+def test_studies_that_disagree_at_the_users_settings_carry_no_verdict_over():
+    """Two pairs ran stale:1 at the same settings: a decided verdict and an undecided one carry the decided one
+    over, naming both; two decided verdicts that disagree give uncertain, naming both; order does not matter."""
+    lm = mismatch.load("tiny-llama")
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=4)
+
+    def level(pair, verdict):
+        return {**LAGGED[0], "pair": pair, "verdict": verdict}
+
+    for studies, status in (([level("sort-gpt2", "tolerated"), level("smollm2-pruned", "uncertain")], "admit"),
+                            ([level("sort-gpt2", "tolerated"), level("smollm2-pruned", "not tolerated")], "uncertain"),
+                            ([level("sort-gpt2", "uncertain"), level("smollm2-pruned", "uncertain")], "uncertain")):
+        for order in (studies, studies[::-1]):
+            got = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=1),
+                        thresholds=_thresholds(1.0, order))
+            assert got.status == status and got.decisions[-1].metric == "study/stale:1"
+            assert all(f"{s['pair']}, {STUDIED}" in got.notes[-1] for s in studies)
+            assert ("disagree" in got.notes[-1]) == (status == "uncertain" and "tolerated" in
+                                                     {s["verdict"] for s in studies})
