@@ -15,4 +15,11 @@ $BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --layers 4-6,
 # committed JSON is that pre-registered record (2026-12-03), so a rerun writes beside it, not over it
 $BIN/mismatch check smollm2-concise:student --rollout int4:group128 --layers 0 --no-recipe --threads 1 --json > $out/concise_int4_block0.rerun.json
 $BIN/mismatch check smollm2-concise:student --rollout int2:group32 --layers 5 --no-recipe --threads 1 --json > $out/concise_int2_block5.rerun.json
+# staleness and reuse measured on the pruned student with its teacher (issue 34 §2) at the length ladder's 32-token
+# rung (lr 3e-4), decided while sweeps/study-extended.toml's runs of these levels were under way and before any of
+# their results was read (2026-12-04): committed as that record, a rerun writes beside it
+for level in stale:1 stale:4 reuse:2; do
+  $BIN/mismatch check smollm2-pruned:student --rollout $level --teacher smollm2-pruned:teacher --lr 3e-4 --max-new-tokens 32 \
+    --threads 1 --json > $out/pruned_${level/:/}.rerun.json
+done
 echo "exit codes are the decisions (0 admit, 1 reject, 3 uncertain); JSON in $out"
