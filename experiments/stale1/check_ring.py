@@ -1,7 +1,7 @@
 """Defect checks: (a) the rollout copy at sampling time of step s holds bit-exactly the student's
 weights after s-1-K updates; tie intact, buffers equal, eval mode, generation config equal.
 (b) stale:0 with share=False reproduces clean bit for bit (rows)."""
-import sys, copy, dataclasses, torch
+import dataclasses, torch
 torch.set_num_threads(1)
 import mismatch
 from mismatch.opd import trainer as recipe

@@ -6,10 +6,9 @@ sampling-seed offset (a clean run with other samples: the trajectory-noise contr
 diagnostics every `--diag-every` steps (fresh vs 1-step-stale batches, see `diag`).
 Writes experiments/stale1/runs/<tag>.json.
 """
-import argparse, copy, dataclasses, json, math, os, sys, time
+import argparse, copy, dataclasses, json, os, time
 import torch
 torch.set_num_threads(1)
-import mismatch
 from mismatch.model.generate import response_hidden
 from mismatch.opd import trainer as recipe
 from mismatch.opd.config import OPDConfig, lr_factor

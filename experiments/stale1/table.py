@@ -9,7 +9,7 @@ for t, r in runs.items():
     a = r["args"]
     if a["rollout"] == "none" and not a.get("synthetic") and a["sample_offset"] == 0:
         clean[key(r)] = (t, r)
-print(f"| run | rollout | seed | lr | β1 | warm-up | final acc % | final rKL | mean mismatch_kl | mean step_kl 1–40 | clean twin | Δ acc (pts) | rKL ratio |")
+print("| run | rollout | seed | lr | β1 | warm-up | final acc % | final rKL | mean mismatch_kl | mean step_kl 1–40 | clean twin | Δ acc (pts) | rKL ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for t, r in runs.items():
     a = r["args"]

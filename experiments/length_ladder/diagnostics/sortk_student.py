@@ -1,5 +1,5 @@
 """Diagnostic for the sortk build: can a small student learn the block-sort mixture, per rung?"""
-import re, sys, time, torch
+import sys, time, torch
 from mismatch.pairs.build import ModelShape, init_model, _examples, supervised_steps
 from mismatch.pairs.tasks import BlockSortTask
 from mismatch.pairs.evaluate import sampled_accuracy, greedy_accuracy

@@ -1,5 +1,5 @@
 """Diagnostic: sortk with every prompt digit tagged by its block letter (a8a3a7b9b1 → a378b19)."""
-import re, sys, time, random, torch
+import re, sys, time, torch
 from dataclasses import dataclass
 from mismatch.pairs.build import ModelShape, init_model, _examples, supervised_steps
 from mismatch.pairs.tasks import BlockSortTask, BLOCK_TAGS
