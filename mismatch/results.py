@@ -273,7 +273,8 @@ def _schema(path: Path) -> pa.Schema:
 
 def _to_frame(table: pa.Table) -> pd.DataFrame:
     """An Arrow table as pandas, integers as nullable Int64 (an unset setting reads `<NA>`), the same
-    whether the rows came from one file or from a directory's parts."""
+    whether the rows came from one parquet file or from a directory's parts (a CSV file keeps pandas'
+    own dtypes)."""
     return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
 
 
