@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows
+from mismatch.admission.thresholds import (NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows,
+                                           validate)
 from mismatch.errors import InputError
 from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
 from mismatch.analysis.tolerance import Analysis, analyse
@@ -115,8 +116,7 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
     kl = kl.assign(tolerated=kl["kl_verdict"] == "tolerated")
     if kl["pair"].nunique() < 2:
         return []
-    pred = held_out_predictions(kl, t.primary)
-    pred = pred.assign(right=pred["admitted"] == pred["tolerated"])
+    per_pair = validate(kl, t.primary)
     lines = ["", f"### {t.primary} leaving one pair out, labelled by the KL ratio alone", "",
              "A level's label above is its verdict on both criteria where its pair has a task accuracy (the synthetic "
              "pairs), on the KL ratio alone where it has none. Here every level is labelled by its KL-ratio verdict "
@@ -124,13 +124,15 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
              "fitted on the other pairs' so labelled.", "",
              "| held-out pair | limit without it | levels | right | always admit | always reject |",
              "|---|---|---|---|---|---|"]
-    for pair, g in pred.groupby("held_out", sort=True):
-        tol = int(g["tolerated"].sum())
-        lines.append(f"| {pair} | {g['limit'].iloc[0]:.3g} | {len(g)} | {int(g['right'].sum())} | {tol} | "
-                     f"{len(g) - tol} |")
-    right, tol = int(pred["right"].sum()), int(pred["tolerated"].sum())
-    lines += ["", f"On the KL ratio alone: {right} of {len(pred)} held-out levels predicted right; always admitting "
-              f"gets {tol}, always rejecting {len(pred) - tol}."]
+    for v in per_pair:
+        tol = v["admit_tolerated"] + v["reject_tolerated"]
+        lines.append(f"| {v['held_out']} | {v['limit']:.3g} | {v['levels']} | {v['admit_tolerated'] + v['reject_not']} | "
+                     f"{tol} | {v['levels'] - tol} |")
+    right = sum(v["admit_tolerated"] + v["reject_not"] for v in per_pair)
+    tol = sum(v["admit_tolerated"] + v["reject_tolerated"] for v in per_pair)
+    n = sum(v["levels"] for v in per_pair)
+    lines += ["", f"On the KL ratio alone: {right} of {n} held-out levels predicted right; always admitting "
+              f"gets {tol}, always rejecting {n - tol}."]
     return lines
 
 
