@@ -22,4 +22,8 @@ for level in stale:1 stale:4 reuse:2; do
   $BIN/mismatch check smollm2-pruned:student --rollout $level --teacher smollm2-pruned:teacher --lr 3e-4 --max-new-tokens 32 \
     --threads 1 --json > $out/pruned_${level/:/}.rerun.json
 done
+# one statistic across sources: with the teacher a format is measured as a lag is (its first 10 OPD steps at the
+# rung's settings) and the window statistic decides — int4:group128, which the study tolerates at this rung
+$BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --teacher smollm2-pruned:teacher --lr 3e-4 \
+  --max-new-tokens 32 --no-recipe --threads 1 --json > $out/pruned_int4_window.json
 echo "exit codes are the decisions (0 admit, 1 reject, 3 uncertain); JSON in $out"

@@ -14,11 +14,13 @@ mismatch statistics of those sampled tokens with limits:
 Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
 passes when the whole interval lies at or below its limit, fails when the whole interval lies above,
 and is uncertain otherwise. Staleness and reuse cannot be seen in the checkpoint alone (no update to lag
-behind yet). Given a teacher, the check measures them on the checkpoint (`mismatch.admission.lagged`: the
-pipeline's first OPD steps under the user's trainer settings, the study's own step) and judges the window
-statistic against the limit fitted on every source (`Thresholds.window_limits`). Without one it carries
-over the study's verdict of that level only where the study ran the user's settings (`Pipeline.trainer`:
-lr, β1, loss, TIS), and is uncertain otherwise.
+behind yet). Given a teacher, the check measures the pipeline on the checkpoint — its format, its lag and
+reuse, or a format that also lags (`mismatch.admission.lagged`: the pipeline's first OPD steps under the
+user's trainer settings, the study's own step) — and judges that window statistic against the limit fitted on
+every source (`Thresholds.window_limits`): the statistic that transfers across sources decides, the first-step
+gate is shown beside it. Without one it carries over the study's verdict of a lag only where the study ran the
+user's settings (`Pipeline.trainer`: lr, β1, loss, TIS) near the pipeline's response length, and is uncertain
+otherwise.
 
 The fitted limit rests on first-step values, and the statistic moves during training (`Thresholds.drift`:
 the study's in-training peak over the first step, per source). The check judges the first-step value a
@@ -103,7 +105,8 @@ class Admission:
 
     @property
     def violations(self) -> list[Decision]:
-        return [d for d in self.decisions if d.status != "admit"]
+        """The deciding gates not passed (failed or uncertain)."""
+        return [d for d in self.decisions if d.decides and d.status != "admit"]
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -122,11 +125,14 @@ def _carried(source: str, level: int, verdict: Verdict, note: str, r: dict | Non
                     source="the study's verdict, carried over (Δ accuracy; notes)", verdict=verdict), note
 
 
-def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: TrainerSettings) -> tuple[Decision, str]:
-    """The study's verdict of `source` at `level` under the user's trainer settings, as (decision, note):
-    uncertain, saying so, where the study ran no such level at those settings. Where several pairs ran it at
-    those settings, their decided verdicts must agree (an undecided one contradicts none), else uncertain;
-    the note quotes each."""
+def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: TrainerSettings,
+                     tokens: float = math.nan) -> tuple[Decision, str]:
+    """The study's verdict of `source` at `level` under the user's trainer settings and near the pipeline's
+    response length `tokens` (within 2× of a studied level's mean response, as the limits' own window;
+    NaN, or a study row without a length: any), as (decision, note): uncertain, saying so, where the study ran
+    no such level at those settings and length. Where several pairs ran it there, their decided verdicts must
+    agree (an undecided one contradicts none), else uncertain; the note quotes each, and the decision's number
+    is the decided level's nearest in length (then the most seeds): the same whatever the rows' order."""
     rows = [r for r in thresholds.lagged if r["source"] == source]
     if not rows:
         return _carried(source, level, Verdict.UNCERTAIN,
@@ -138,25 +144,41 @@ def _lagged_decision(thresholds: Thresholds, source: str, level: int, trainer: T
         return _carried(source, level, Verdict.UNCERTAIN,
                         f"{source}:{level}: no study covers {trainer.describe()} (studied at this level: "
                         f"{'; '.join(studied) or 'none'}); give --teacher to measure it on this checkpoint")
-    decided = {r["verdict"] for r in match if r["verdict"] != "uncertain"}
-    studies = "; ".join(_study_line(r) for r in match)
+    near = [r for r in match if math.isnan(tokens) or math.isnan(_row_tokens(r)) or _within(tokens, (_row_tokens(r),) * 2)]
+    if not near:
+        lengths = ", ".join(sorted({f"{_row_tokens(r):.0f}" for r in match}, key=float))
+        return _carried(source, level, Verdict.UNCERTAIN,
+                        f"{source}:{level}: no study covers {trainer.describe()} near {tokens:.0f}-token responses "
+                        f"(studied at {lengths} tokens at these settings; how a lag's tolerance moves with response "
+                        f"length was not measured); give --teacher to measure it on this checkpoint")
+    decided = {r["verdict"] for r in near if r["verdict"] != "uncertain"}
+    studies = "; ".join(_study_line(r) for r in near)
     if len(decided) != 1:
         why = ("the studies at the same settings disagree" if decided else
-               "the study at the same settings is undecided" if len(match) == 1 else
+               "the study at the same settings is undecided" if len(near) == 1 else
                "the studies at the same settings are all undecided")
         return _carried(source, level, Verdict.UNCERTAIN, f"{source}:{level} not measured on this checkpoint (no "
                         f"--teacher); {why}: {studies}; give --teacher to measure it on this checkpoint")
-    r = next(r for r in match if r["verdict"] in decided)
+    r = min((r for r in near if r["verdict"] in decided),
+            key=lambda r: (0.0 if math.isnan(tokens) or math.isnan(_row_tokens(r)) else
+                           abs(math.log(_row_tokens(r) / tokens)), -int(r["seeds"]), r["pair"]))
     note = (f"{source}:{level} not measured on this checkpoint (no --teacher); carried over from the "
-            f"stud{'ies' if len(match) > 1 else 'y'} at the same settings: {studies}")
+            f"stud{'ies' if len(near) > 1 else 'y'} at the same settings: {studies}")
     return _carried(source, level, from_word(r["verdict"]), note, r)  # the study's word, stored in the thresholds
+
+
+def _row_tokens(r: dict) -> float:
+    """A studied level's mean response length (tokens); NaN where the row has none (older, hand-made thresholds)."""
+    value = r.get("response_tokens")
+    return math.nan if value is None else float(value)
 
 
 def _study_line(r: dict) -> str:
     """One studied level as the check's note quotes it: pair, settings, its numbers and verdict."""
     acc = "" if r["acc_delta"] is None or math.isnan(r["acc_delta"]) else (
         f"Δ accuracy {100 * r['acc_delta']:+.1f} ± {100 * r['acc_delta_hw']:.1f} pts, ")
-    return (f"{r['pair']}, {r['settings']}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over "
+    length = "" if math.isnan(_row_tokens(r)) else f" ({_row_tokens(r):.0f}-token responses)"
+    return (f"{r['pair']}, {r['settings']}{length}: {acc}KL ratio {r['kl_ratio']:.3f} ± {r['kl_ratio_hw']:.3f} over "
             f"{r['seeds']} seeds → {r['verdict']}")
 
 
@@ -170,22 +192,25 @@ def _settings_words(trainer: TrainerSettings) -> set[str]:
     return _words(trainer.describe())
 
 
-def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, pipeline: Pipeline, cal, sample: dict,
-                  say: Callable[[str], None]) -> tuple[Decision, str]:
-    """The pipeline's lag measured on the checkpoint (`measure_lag`), judged against the window limit of
-    the thresholds' primary statistic."""
+def _measured_window(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, static: str, layers: str,
+                     pipeline: Pipeline, cal, sample: dict, say: Callable[[str], None]) -> tuple[Decision, str]:
+    """The pipeline — its rollout copy `static` (`NO_COPY`: the model itself) on `layers`, lagging by its
+    staleness / reuse — measured on the checkpoint by its window statistic (`measure_lag`), judged against
+    the window limit of the thresholds' primary statistic: the check's deciding gate when a teacher is given."""
     _, teacher_lm = _loaded(teacher, sample["seed"], next(lm.model.parameters()).dtype,  # beside the checkpoint,
                             device=model_device(lm.model))                               # in its precision
     check_same_vocabulary(lm, teacher_lm, f"{name} and its teacher")
     K, R = pipeline.staleness, pipeline.reuse
-    say(f"measuring staleness {K} and reuse {R} on {name}: {K + WINDOW} OPD steps against {teacher_lm.name}")
+    label = "+".join(p for p in (static if static != NO_COPY else "", f"stale:{K}" if K else "",
+                                 f"reuse:{R}" if R > 1 else "") if p)
+    say(f"measuring {label} on {name}: {K + WINDOW} OPD steps against {teacher_lm.name}")
     lag = measure_lag(lm, teacher_lm, cal.texts, staleness=K, reuse=R, settings=pipeline.trainer, chat=sample["chat"],
-                      context=sample["context"], max_new_tokens=sample["max_new_tokens"], seed=sample["seed"])
+                      context=sample["context"], max_new_tokens=sample["max_new_tokens"], seed=sample["seed"],
+                      rollout=static, layers=layers)
     primary = thresholds.primary
     value, low, high = lag.statistics[primary]
     limit = thresholds.window_limits.get(primary, math.nan)
     verdict = decide(value, low, high, limit) if not math.isnan(limit) else Verdict.UNCERTAIN
-    label = "+".join(p for p in (f"stale:{K}" if K else "", f"reuse:{R}" if R > 1 else "") if p)
     decision = Decision(metric=f"measured/{label}/window:{primary}", value=value, low=low, high=high, limit=limit,
                         source=f"window limit ({thresholds.fitted_on})", verdict=verdict)
     first, last = lag.window
@@ -193,6 +218,9 @@ def _measured_lag(lm: LM, name: str, teacher: str | LM, thresholds: Thresholds, 
             f"{pipeline.trainer.describe()} (constant rate), {primary} averaged over steps {first}–{last}: "
             f"{value:.4g} [{low:.4g}, {high:.4g}]" + ("" if not math.isnan(limit) else
                                                       "; the thresholds hold no window limit: uncertain"))
+    if static != NO_COPY:
+        note += ("; the window statistic decides (it transfers across sources, reports/admission_transfer.md): "
+                 "the first-step gate is shown, not deciding, and the window's steps already hold the early drift")
     return decision, note
 
 
@@ -246,8 +274,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         dump: instead of a spec, an engine's rollout dump (`mismatch.dumps`: sampled responses with
             the engine's own log-probs), scored by `model` teacher-forced; giving `rollout` too is an error.
             The calibration set is the dump; no recipe (there is no spec to keep layers out of).
-        teacher: the OPD teacher (a model spec or an LM): with it a lag or reuse is measured on `model`
-            (`mismatch.admission.lagged`), without it carried over from the study where its settings match.
+        teacher: the OPD teacher (a model spec or an LM): with it the pipeline — the rollout spec, its lag and
+            reuse — is measured on `model` by its first OPD steps (`mismatch.admission.lagged`) and that window
+            statistic decides (the first-step gate is kept, not deciding); without it a lag or reuse is carried
+            over from the study where its settings and response length match.
         ref_dtype: the precision `model` is loaded in — the trainer's (`fp32`, `bf16` for a checkpoint that
             trains in bf16, `fp16`): the reference pass and the rollout copy (the format applied to those
             weights) both run in it; the statistics are accumulated in float64 whatever it is. Ignored for
@@ -275,8 +305,12 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         return _check_dump(model, dump, thresholds, seed=seed, pipeline=pipeline, presets=presets, clip=clip,
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec, pipeline = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout, pipeline)
-    if teacher is not None and pipeline.lags:
-        trainer_precision(ref_dtype)  # a lag is measured by training the checkpoint: refused before it is loaded
+    windowed = teacher is not None and (pipeline.lags or spec is not None)  # the window statistic is measured
+    if windowed:
+        trainer_precision(ref_dtype)  # it is measured by training the checkpoint: refused before it is loaded
+        if spec is not None and pipeline.reuse > 1:
+            raise InputError(f"{spec} with reuse:{pipeline.reuse}: OPD reuses the student's own batches; check the "
+                             "perturbation and the reuse separately")
     static = NO_COPY if spec is None else str(spec)  # what the check samples with and scores
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
@@ -293,23 +327,29 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
                   clip=clip, offload=offload)
     say(f"sampling {len(cal.texts)} calibration responses (≤ {new_tokens} tokens) under {static} [{layers}], scoring them")
     metrics, decisions, batch = measure(lm, static, layers, cal.texts, gates, **sample)
-    lagged = _lagged(table, pipeline) if teacher is None or not pipeline.lags else [
-        _measured_lag(lm, name, teacher, table, pipeline, cal, sample, say)]
     used = {"prompts": cal.source, "n_prompts": len(cal.texts), **_sampled(batch), "max_new_tokens": new_tokens,
             "temperature": 1.0, "chat": use_chat, "seed": seed, "sampled_by": f"{name} under {static} [{layers}]",
             "ref_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}
-    drift = _drift_margin(table, decisions[0], RolloutSpec.parse(static).source) if fitted and spec else (None, "")
     assumed = _pipeline_tokens(pipeline, used["tokens"], used["sequences"], "calibration responses'")
-    length = _length_margin(table, decisions[0], assumed) if fitted else (None, "")
+    if windowed:  # the window statistic decides; the first-step gates the thresholds fitted are shown beside it
+        window = _measured_window(lm, name, teacher, table, static, layers, pipeline, cal, sample, say)
+        n_fitted = len(gates) - len(preset_gates(tuple(presets)))
+        decisions = [replace(d, decides=False) if i < n_fitted and spec is not None else d
+                     for i, d in enumerate(decisions)]
+        primary, lagged, drift = window[0], [window], (None, "")
+    else:
+        primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
+        drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
+    length = _length_margin(table, primary, assumed) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
                           status=overall(decisions), metrics=metrics, decisions=decisions,
                           notes=[*small_calibration_notes(used["sequences"]),
                                  *(n for _, n in (drift, length, *lagged) if n)],
                           calibration=used)
-    # asked for, or the fitted gate failed; never for the model itself (nothing to keep out of a perturbation)
-    searched = spec is not None and (recipe if recipe is not None else decisions[0].status == "reject")
-    if recipe is False and decisions[0].status == "reject":
+    # asked for, or the deciding gate failed; never for the model itself (nothing to keep out of a perturbation)
+    searched = spec is not None and (recipe if recipe is not None else primary.status == "reject")
+    if recipe is False and primary.status == "reject":
         admission.notes.append("no recipe searched (recipe=False, `--no-recipe`)")
     kept = _recipe(admission, lm, batch, gates, cal.texts, sample, say) if searched else []
     admission.cost = _cost(lm, static, layers, kept, cal.texts, pipeline=pipeline, seed=seed)
@@ -450,9 +490,10 @@ def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresho
     return table, resolve_gates(thresholds, table) + list(preset_gates(tuple(presets)))
 
 
-def _lagged(table: Thresholds, pipeline: Pipeline) -> list[tuple[Decision, str]]:
-    """The study's carried-over verdicts of the pipeline's lag and reuse (none for K = 0, R = 1)."""
-    return [_lagged_decision(table, source, level, pipeline.trainer) for source, level, off in
+def _lagged(table: Thresholds, pipeline: Pipeline, tokens: float) -> list[tuple[Decision, str]]:
+    """The study's carried-over verdicts of the pipeline's lag and reuse (none for K = 0, R = 1) at a response
+    length of `tokens` (the decision's assumed length)."""
+    return [_lagged_decision(table, source, level, pipeline.trainer, tokens) for source, level, off in
             (("stale", pipeline.staleness, 0), ("reuse", pipeline.reuse, 1)) if level != off]
 
 
@@ -469,10 +510,10 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     metrics, decisions = judge(torch.tensor(tok["logp_ref"].to_numpy()), torch.tensor(tok["logp_cand"].to_numpy()),
                                torch.tensor(tok["seq"].to_numpy()), gates, clip=clip, seed=seed)
     metrics.update({f"probe/{k}": v for k, v in scored.summary.items() if k.endswith("_topk_mean")})
-    lagged = _lagged(table, pipeline)
+    dumped = _pipeline_tokens(pipeline, len(tok), int(scored.summary["sequences"]), "dump's")
+    lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    dumped = _pipeline_tokens(pipeline, len(tok), int(scored.summary["sequences"]), "dump's")
     length = _length_margin(table, decisions[0], dumped) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),

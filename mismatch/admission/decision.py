@@ -30,7 +30,10 @@ BOOTSTRAP = 400  # resamples of the calibration sequences for each gated statist
 @dataclass
 class Decision:
     """One gate applied: the statistic's value and 95% interval, the limit, where it comes from, and its
-    `verdict` (`mismatch.verdict`), which `status` says in the check's words (admit, uncertain, reject)."""
+    `verdict` (`mismatch.verdict`), which `status` says in the check's words (admit, uncertain, reject).
+    `decides`: whether it enters the check's status (`overall`); False for a gate a better-transferring
+    measurement superseded (the first-step gate where `check --teacher` measured the window statistic), kept
+    so that its numbers are still shown."""
 
     metric: str
     value: float
@@ -39,6 +42,7 @@ class Decision:
     limit: float
     source: str
     verdict: Verdict  # PASS (interval ≤ limit), FAIL (interval > limit), UNCERTAIN
+    decides: bool = True
 
     @property
     def status(self) -> str:
@@ -53,8 +57,8 @@ class Decision:
 
 def overall(decisions: Iterable[Decision]) -> str:
     """The check's status: any reject → reject; else any uncertain → uncertain; else admit (nothing judged:
-    uncertain) — `mismatch.verdict.combine` of the decisions' verdicts, in the check's words."""
-    return combine(d.verdict for d in decisions).word(ADMISSION_WORDS)
+    uncertain) — `mismatch.verdict.combine` of the deciding decisions' verdicts, in the check's words."""
+    return combine(d.verdict for d in decisions if d.decides).word(ADMISSION_WORDS)
 
 
 def decide(value: float, low: float, high: float, limit: float) -> Verdict:

@@ -1,9 +1,11 @@
-"""Staleness and reuse measured on the user's checkpoint (issue 34 §2).
+"""The pipeline's window statistic measured on the user's checkpoint: staleness, reuse, a format, or both.
 
 A stale rollout copy equals the student until the student moves, so no statistic of the checkpoint alone
-can see it. Given a teacher, `measure_lag` runs the pipeline's first `K + WINDOW` OPD steps from the
-checkpoint on the calibration prompts — the study's own step (`mismatch.opd.trainer.opd_step`: the ring of
-past weights for `stale:K`, the kept batch for `reuse:R`), under the user's learning rate, AdamW β1 and
+can see it; and the statistic that predicts tolerance across sources is the one measured a few updates in
+(the window statistic, `reports/admission_transfer.md`), for a format too. Given a teacher, `measure_lag` runs
+the pipeline's first `K + WINDOW` OPD steps from the checkpoint on the calibration prompts — the study's own
+step (`mismatch.opd.trainer.opd_step`: the rollout copy under its perturbation spec, the ring of past weights
+for `stale:K`, the kept batch for `reuse:R`), under the user's learning rate, AdamW β1 and
 loss at a constant rate (a warm-up would hide the lag the pipeline lives with after it) — and averages each
 sampled-token statistic over the window the study's window statistics use (`transfer.window_steps`), with a
 t-interval over those steps. The check judges it against the window limit fitted on every source
@@ -65,6 +67,8 @@ class LagMeasurement:
     window: tuple[int, int]  # first and last step averaged
     statistics: dict[str, tuple[float, float, float]]
     per_step: list[dict[str, float]] = field(default_factory=list)
+    rollout: str = "none"  # the rollout copy's perturbation spec (`none`: the student itself)
+    layers: str = "linear"  # its scope
 
 
 @dataclass(frozen=True)
@@ -83,22 +87,29 @@ class _Prompts:
 def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int, reuse: int,
                 settings: TrainerSettings = TrainerSettings(), chat: bool, context: tuple[tuple[str, str], ...] = (),
                 teacher_context: tuple[tuple[str, str], ...] = (), max_new_tokens: int, seed: int = 0,
-                window: int = WINDOW) -> LagMeasurement:
+                window: int = WINDOW, rollout: str = "none", layers: str = "linear") -> LagMeasurement:
     """Run the pipeline's first OPD steps from `student` against `teacher` on `prompts` (every step samples
-    all of them, seeded by step) and measure its lag (module docstring). `student`'s weights are restored
-    bit for bit, also when a step fails.
+    all of them, seeded by step), its rollouts from the copy under `rollout` (a perturbation spec, on `layers`)
+    lagging by `staleness` / `reuse`, and measure its window statistics (module docstring). `student`'s weights
+    are restored bit for bit, also when a step fails.
 
     Raises:
-        InputError: neither a lag nor reuse (K = 0 and R = 1), or no prompt.
+        InputError: nothing to measure (no perturbation, K = 0 and R = 1), a perturbation with reuse (OPD
+        runs reuse on the student itself), or no prompt.
     """
-    if staleness == 0 and reuse == 1:
+    static = rollout not in ("", "none")
+    if staleness == 0 and reuse == 1 and not static:
         raise InputError("nothing to measure: staleness 0 and reuse 1 is the clean pipeline")
+    if static and reuse > 1:
+        raise InputError(f"{rollout} with reuse:{reuse}: OPD reuses the student's own batches; measure the "
+                         "perturbation and the reuse separately")
     if not prompts:
         raise InputError("no calibration prompts to train on")
     first, last = window_steps(staleness, window)
     precision = trainer_precision(next(student.model.parameters()).dtype)  # the checkpoint's, as loaded
     config = OPDConfig(pair="check", ref_dtype=precision,
-                       device=str(model_device(student.model)), rollout=f"reuse:{reuse}" if reuse > 1 else "none", staleness=staleness,
+                       device=str(model_device(student.model)), staleness=staleness, layers=layers,
+                       rollout=rollout if static else f"reuse:{reuse}" if reuse > 1 else "none",
                        loss=settings.loss, lr=settings.lr, adam_beta1=settings.adam_beta1, tis_cap=settings.tis_cap,
                        warmup_steps=0, decay="constant", steps=last, batch_size=len(prompts), seed=seed,
                        max_new_tokens=max_new_tokens, train_prompts=len(prompts), eval_probe=0)
@@ -139,4 +150,4 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
         mean, half = t_interval([m[s] for m in kept]) if all(s in m for m in kept) else (math.nan, math.nan)
         stats[s] = (mean, mean - half, mean + half)
     return LagMeasurement(staleness=staleness, reuse=reuse, settings=settings, steps=last, window=(first, last),
-                          statistics=stats, per_step=per_step)
+                          statistics=stats, per_step=per_step, rollout=rollout if static else "none", layers=layers)

@@ -28,8 +28,9 @@ def check(
     staleness: Annotated[int, typer.Option(help="The pipeline's rollout lag K (measured with --teacher, else "
                                                 "carried over from the study at the same settings).")] = 0,
     reuse: Annotated[int, typer.Option(help="Steps each rollout batch is trained on (as --staleness).")] = 1,
-    teacher: Annotated[str | None, typer.Option(help="The OPD teacher: measure --staleness / --reuse on MODEL by "
-                                                     "running the pipeline's first OPD steps.")] = None,
+    teacher: Annotated[str | None, typer.Option(help="The OPD teacher: measure the pipeline (the rollout spec, "
+                                                     "--staleness, --reuse) on MODEL by running its first OPD steps; "
+                                                     "that window statistic then decides.")] = None,
     lr: LearningRate = 1e-3,
     adam_beta1: Annotated[float, typer.Option(help="The trainer's AdamW β1.")] = 0.9,
     loss: Loss = "full-rkl",
@@ -63,7 +64,7 @@ def check(
     from mismatch.cli import tables as console
 
     trainer = admission_lib.TrainerSettings(lr=lr, adam_beta1=adam_beta1, loss=loss, tis_cap=tis_cap)
-    with stages(f"checking {rollout or dump} on {model}") as say:
+    with stages(f"checking {rollout or dump or 'the default rollout'} on {model}") as say:
         calibration = admission_lib.CalibrationSettings(prompts=prompts, max_prompts=max_prompts,
                                                         max_new_tokens=max_new_tokens)
         admission = admission_lib.check(model, rollout, layers=layers, calibration=calibration,

@@ -199,7 +199,8 @@ def admission_table(admission) -> Table:
 
     for d in admission.decisions:
         interval = "—" if math.isnan(d.low) else f"[{d.low:.4g}, {d.high:.4g}]"
-        table.add_row(escape(d.metric), num(d.value), interval, num(d.limit), d.status, escape(d.source))
+        table.add_row(escape(d.metric), num(d.value), interval, num(d.limit),
+                      d.status if d.decides else f"({d.status}: shown, not deciding)", escape(d.source))
     lines = list(admission.notes)
     if admission.cost is not None:
         c = admission.cost

@@ -26,9 +26,10 @@ def admission_markdown(t: Thresholds) -> str:
              "rollout tokens, before any update (the perturbed initial student against the initial student; "
              "mean over seeds). Label: " + prov.get("label", "") + ". A limit sits at the geometric midpoint of the "
              "split that best separates the labels; *pinned to* is the interval any limit separating them as well "
-             "could take. Staleness and reuse measure 0 before training and are not fitted here (the check measures "
-             "them with a teacher against the window limit, admission_transfer.md, or carries their study verdicts "
-             "over).", "",
+             "could take: the check's gate without a teacher. Staleness and reuse measure 0 before training and are "
+             "not fitted here (without a teacher the check carries their study verdicts over). With a teacher the "
+             "check measures any pipeline — a format, a lag, or both — by the window statistic against the window "
+             "limit (admission_transfer.md), and that decides.", "",
              f"Fitted on {', '.join(prov.get('results', []))}: {prov.get('opd_runs', '?')} OPD runs, "
              f"{len(t.points)} levels, {sum(p.get('decided', True) for p in t.points)} decided "
              f"({sum(p.get('decided', True) and not p['tolerated'] for p in t.points)} not tolerated; undecided levels "
@@ -132,7 +133,7 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
     tol = sum(v["admit_tolerated"] + v["reject_tolerated"] for v in per_pair)
     n = sum(v["levels"] for v in per_pair)
     lines += ["", f"On the KL ratio alone: {right} of {n} held-out levels predicted right; always admitting "
-              f"gets {tol}, always rejecting {n - tol}."]
+              f"gets {tol}, always rejecting {n - tol}." + (" No better than always admitting." if right <= tol else "")]
     return lines
 
 

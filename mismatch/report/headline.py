@@ -51,6 +51,18 @@ def _evidence(row, tolerance: Tolerance) -> str:
     return f"{kl}, {acc}" if kl_fails and not acc_fails else f"{acc}, {kl}"
 
 
+COMMON = "common"  # a level's settings label where they are the ones most of its pair's levels share
+
+
+def _shared_text(shared: dict[str, set[str]], levels: pd.DataFrame) -> str:
+    """Per pair, its shared settings parts (less the loss), in the order its settings texts first write them."""
+    out = []
+    for pair, parts in shared.items():
+        seen = dict.fromkeys(p for s in levels.loc[levels["pair"] == pair, "settings"] for p in s.split(", "))
+        out.append(f"{pair}: " + (", ".join(p for p in seen if p in parts and not p.startswith("loss ")) or "none"))
+    return "; ".join(out)
+
+
 def _shared_settings(levels: pd.DataFrame) -> dict[str, set[str]]:
     """Per pair, the settings parts most of its levels share."""
     out = {}
@@ -61,8 +73,8 @@ def _shared_settings(levels: pd.DataFrame) -> dict[str, set[str]]:
 
 
 def _own(settings: str, shared: set[str]) -> str:
-    """`settings` less the `shared` parts and the loss (it has its own column); `default` when none is left."""
-    return ", ".join(p for p in settings.split(", ") if p not in shared and not p.startswith("loss ")) or "default"
+    """`settings` less the `shared` parts and the loss (it has its own column); `common` when none is left."""
+    return ", ".join(p for p in settings.split(", ") if p not in shared and not p.startswith("loss ")) or COMMON
 
 
 def _level_name(source: str, level) -> str:
@@ -119,8 +131,9 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
     lines += ["", markdown_table(pd.DataFrame(rows)), "",
               "Δ: final held-out accuracy against the clean twin (points; judged only where computed exactly), KL: the "
               "final held-out reverse-KL ratio to the clean twin; mean ± the design's interval at the look reached; "
-              "length: mean response tokens; settings: those that differ from most of the pair's levels "
-              "(`tolerance.md` lists them all).", "", END]
+              "length: mean response tokens; settings: those that differ from the ones most of the pair's levels "
+              f"share (`{COMMON}`: none differs; `tolerance.md` lists them all). Shared by most of a pair's levels — "
+              f"{_shared_text(shared, judged)}.", "", END]
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,8 @@ An OPD run costs about `steps × batch_size × train_s` (rollout, teacher scorin
 per prompt and step, measured as the run's own per-step `wall_s`) plus `evaluations × eval_prompts ×
 eval_s` (held-out sampled and greedy responses, with the run's set-up folded in); a probe group about
 `tokens × (1 + candidates) × token_s` (generation and set-up folded in). The coefficients are fitted
-per pair and per reference model (`fit_costs`) from a finished sweep — its ledger's seconds and its
+per pair — and per response cap (`max_new_tokens`) where runs set one, since a step's cost grows with the
+responses it samples and scores — and per reference model (`fit_costs`) from a finished sweep — its ledger's seconds and its
 rows — never guessed: the package ships those measured by `sweeps/paper.toml` on the 2-core machine
 here with one torch thread per task (`mismatch/data/sweep_costs.json`), and a results directory that
 already holds runs adds its own. A pair or model never measured gets no estimate (NaN).
@@ -31,8 +32,8 @@ COSTS_FILE = "sweep_costs.json"
 
 
 def packaged_costs() -> dict[str, dict[str, float]]:
-    """The coefficients shipped with the package: `{"opd": {pair: {train_s, eval_s}}, "probe": {model:
-    {unit_s, blocks}}}`."""
+    """The coefficients shipped with the package: `{"opd": {pair: {train_s, eval_s[, by_length: {cap: {train_s,
+    eval_s}}]}}, "probe": {model: {unit_s, blocks}}}` (`by_length`: runs with a `max_new_tokens` cap, by cap)."""
     path = resources.files("mismatch") / "data" / COSTS_FILE
     return json.loads(path.read_text()) if path.is_file() else {"opd": {}, "probe": {}}
 
@@ -49,7 +50,7 @@ def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
         return {"opd": {}, "probe": {}}
     rows = read_results(out)
     wall = rows[rows["metric"] == "wall_s"].groupby("run_id")["value"].sum()
-    opd: dict[str, list[tuple[float, float]]] = {}
+    opd: dict[str, list[tuple[float, float, int | None]]] = {}
     probe: dict[str, list[float]] = {}
     for record in ledger.values():
         config = record["config"]
@@ -61,14 +62,25 @@ def fit_costs(out: str | Path) -> dict[str, dict[str, dict[str, float]]]:
                 continue
             train = wall[rid] / (config["steps"] * config["batch_size"])
             evals = (record["seconds"] - wall[rid]) / (_evaluations(config) * config["eval_prompts"])
-            opd.setdefault(config["pair"], []).append((train, evals))
+            opd.setdefault(config["pair"], []).append((train, evals, config.get("max_new_tokens")))
         else:
             prompts, candidates, blocks = _probe_size(config, rows)
             if prompts:
                 unit = prompts * max(1, config["max_new_tokens"]) * (1 + candidates)
                 probe.setdefault(config["reference"], []).append((record["seconds"] / unit, blocks))
-    return {"opd": {p: {"train_s": median(t for t, _ in v), "eval_s": median(e for _, e in v)} for p, v in opd.items()},
+    return {"opd": {p: _opd_costs(v) for p, v in opd.items()},
             "probe": {m: {"unit_s": median(u for u, _ in v), "blocks": max(b for _, b in v)} for m, v in probe.items()}}
+
+
+def _opd_costs(runs: list[tuple[float, float, int | None]]) -> dict:
+    """A pair's OPD coefficients from its runs' (train_s, eval_s, max_new_tokens): medians over all, and per
+    response cap under `by_length` (JSON keys: the cap as text) where runs set one."""
+    def medians(chosen):
+        return {"train_s": median(t for t, _, _ in chosen), "eval_s": median(e for _, e, _ in chosen)}
+
+    caps = sorted({cap for _, _, cap in runs if cap is not None})
+    by_length = {str(cap): medians([r for r in runs if r[2] == cap]) for cap in caps}
+    return {**medians(runs), **({"by_length": by_length} if by_length else {})}
 
 
 def _probe_size(config: dict, rows: pd.DataFrame) -> tuple[int, int, int]:
@@ -91,6 +103,7 @@ def estimate_seconds(task: Task, costs: dict) -> float:
         c = costs.get("opd", {}).get(task.pair)
         if c is None:
             return math.nan
+        c = c.get("by_length", {}).get(str(task.max_new_tokens), c)  # a cap measured on its own; else the pair's
         evaluations = _evaluations({"steps": task.steps, "eval_every": task.eval_every})
         return task.steps * task.batch_size * c["train_s"] + evaluations * task.eval_prompts * c["eval_s"]
     assert isinstance(task, ProbeConfig)

@@ -189,20 +189,21 @@ class _BothSplits:
         return PROMPTS[:n]
 
 
-def _trained_window_mean(student, teacher, ref_dtype: str = "fp32") -> float:
-    """The check's stale:2 lag (lr 3e-2, seed 4, the PROMPTS) run through `opd.train` on `student`: the mean of
-    the `mismatch_kl` it logs over the window the check measures."""
+def _trained_window_mean(student, teacher, ref_dtype: str = "fp32", rollout: str = "none", staleness: int = 2) -> float:
+    """The check's pipeline (default: a stale:2 lag; lr 3e-2, seed 4, the PROMPTS) run through `opd.train` on
+    `student`: the mean of the `mismatch_kl` it logs over the window the check measures (steps K+1 … K+WINDOW)."""
     from mismatch.admission.transfer import WINDOW
     from mismatch.opd.config import OPDConfig
     from mismatch.opd.trainer import train
     from mismatch.pairs.load import Pair
 
-    config = OPDConfig(pair="check", staleness=2, lr=3e-2, warmup_steps=0, decay="constant", steps=2 + WINDOW,
-                       batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0, eval_every=100,
-                       ref_dtype=ref_dtype)
+    config = OPDConfig(pair="check", rollout=rollout, staleness=staleness, lr=3e-2, warmup_steps=0, decay="constant",
+                       steps=staleness + WINDOW, batch_size=4, seed=4, max_new_tokens=6, train_prompts=4, eval_probe=0,
+                       eval_every=100, ref_dtype=ref_dtype)
     pair = Pair(name="check", student=student, teacher=teacher, task=None, prompt_source=_BothSplits(),
                 max_new_tokens=6)
-    logged = [r["value"] for r in train(config, pair=pair) if r["metric"] == "mismatch_kl" and 3 <= r["step"] <= 2 + WINDOW]
+    logged = [r["value"] for r in train(config, pair=pair)
+              if r["metric"] == "mismatch_kl" and staleness < r["step"] <= staleness + WINDOW]
     assert len(logged) == WINDOW
     return sum(logged) / WINDOW
 
@@ -217,7 +218,7 @@ def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_
     table = _thresholds(1.0, LAGGED)
     table.window_limits = {"mismatch_kl": 0.5}
     cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
-    got = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=3e-2)),
+    got = check(lm, "stale:2", calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=3e-2)),
                 thresholds=table, teacher=teacher, seed=4)
     assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
     lag = got.decisions[-1]
@@ -226,7 +227,7 @@ def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_
     assert "measured on this checkpoint" in got.notes[-1] and "lr 0.03" in got.notes[-1]
     # the same run through opd.train on a copy of the checkpoint: the window's mean of its logged values
     assert lag.value == pytest.approx(_trained_window_mean(mismatch.load("tiny-llama"), teacher), rel=1e-6)
-    still = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=1e-30)),
+    still = check(lm, "stale:2", calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=1e-30)),
                   thresholds=table, teacher=teacher, seed=4)
     assert abs(still.decisions[-1].value) < 1e-5 and still.decisions[-1].status == "admit"
 
@@ -242,7 +243,7 @@ def test_a_lag_is_measured_in_the_trainers_precision():
     table = _thresholds(1.0, LAGGED)
     table.window_limits = {"mismatch_kl": 0.5}
     cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
-    got = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=2, trainer=TrainerSettings(lr=3e-2)),
+    got = check(lm, "stale:2", calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=3e-2)),
                 thresholds=table, teacher=teacher, seed=4)
     for model, saved in ((lm.model, before), (teacher.model, teacher_before)):
         state = model.state_dict()
@@ -452,3 +453,58 @@ def test_studies_that_disagree_at_the_users_settings_carry_no_verdict_over():
             assert all(f"{s['pair']}, {STUDIED}" in got.notes[-1] for s in studies)
             assert ("disagree" in got.notes[-1]) == (status == "uncertain" and "tolerated" in
                                                      {s["verdict"] for s in studies})
+
+
+def test_a_lag_studied_at_another_response_length_is_not_carried_over():
+    """A lag's verdict carries over only near the response length it was studied at (within 2×, the limits' own
+    window): at 32-token responses a study at 8 tokens says nothing, so uncertain, naming its length; at 12
+    tokens it carries. Of two agreeing studies (8 and 24 tokens) the decision's number is the nearer one's (in log
+    length), whatever their order."""
+    lm = mismatch.load("tiny-llama")
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=4)
+    short = {**LAGGED[0], "response_tokens": 8.0, "acc_delta": -0.001}
+    long_ = {**LAGGED[0], "pair": "smollm2-pruned", "response_tokens": 24.0, "acc_delta": -0.004}
+    far = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=1, response_tokens=64),
+                thresholds=_thresholds(1.0, [short]))
+    assert far.status == "uncertain" and far.decisions[-1].metric == "study/stale:1"
+    assert "near 64-token responses" in far.notes[-1] and "studied at 8 tokens" in far.notes[-1]
+    near = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=1, response_tokens=12),
+                 thresholds=_thresholds(1.0, [short]))
+    assert near.status == "admit" and "(8-token responses)" in near.notes[-1]
+    for order in ([short, long_], [long_, short]):
+        for tokens, nearest in ((12, short), (15, long_)):  # within 2× of both; 15 is nearer 24 than 8 in log length
+            got = check(lm, "noise:0", calibration=cal, pipeline=Pipeline(staleness=1, response_tokens=tokens),
+                        thresholds=_thresholds(1.0, order))
+            assert got.status == "admit" and got.decisions[-1].value == nearest["acc_delta"]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_with_a_teacher_the_window_statistic_decides_a_format_too(staleness):
+    """With a teacher a format (alone, or with a lag) is measured as a lag is: its first WINDOW OPD steps from
+    the checkpoint under the format's rollouts, the window's mismatch_kl judged against the window limit. That
+    decision decides (the statistic that transfers across sources); the first-step gate is kept, shown and not
+    deciding — here it rejects (limit 1e-9) while the window admits (its limit 100× the window's mean), and the
+    check admits. The value is the window's mean of what `opd.train` logs for the same run; the weights are
+    restored bit for bit."""
+    lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
+    logged = _trained_window_mean(mismatch.load("tiny-llama"), teacher, rollout="int4:group32", staleness=staleness)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    table = _thresholds(1e-9, LAGGED)
+    table.window_limits = {"mismatch_kl": 100 * logged}
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
+    got = check(lm, "int4:group32", calibration=cal, thresholds=table, teacher=teacher, seed=4,
+                pipeline=Pipeline(staleness=staleness, trainer=TrainerSettings(lr=3e-2)), recipe=False)
+    assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
+    first, window = got.decisions[0], got.decisions[-1]
+    label = "int4:group32" + (f"+stale:{staleness}" if staleness else "")
+    assert first.metric == "mismatch_kl" and first.status == "reject" and not first.decides
+    assert window.metric == f"measured/{label}/window:mismatch_kl" and window.decides
+    assert window.status == "admit" and got.status == "admit" and got.violations == []
+    assert window.value == pytest.approx(logged, rel=1e-6) and window.value > 1e-3
+    assert not any(d.metric.startswith("drift/") for d in got.decisions)  # the window's steps hold the drift
+    assert "the window statistic decides" in got.notes[-1]
+
+
+def test_a_format_with_reuse_is_refused_before_anything_is_loaded():
+    with pytest.raises(InputError, match="reuse:2: OPD reuses the student's own batches"):
+        check("no-such-model", "int4:group32", pipeline=Pipeline(reuse=2), teacher="no-such-teacher")

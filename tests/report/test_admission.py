@@ -74,5 +74,12 @@ def test_leaving_one_pair_out_on_the_kl_ratio_alone_relabels_levels_an_accuracy_
     assert "| a | 0.775 | 3 | 3 | 2 | 1 |" not in text and "| a | 1.26 | 3 | 3 | 2 | 1 |" in text
     assert "| b | 0.775 | 2 | 2 | 1 | 1 |" in text
     assert "On the KL ratio alone: 5 of 5 held-out levels predicted right; always admitting gets 3, always rejecting 2." in text
+    assert "No better than always admitting" not in text.split("labelled by the KL ratio alone")[1]
+    # b's tolerated level at 1.5: held out, a's split (0.775) rejects it; held out a, b's split (√(1.5·3.2) = 2.19)
+    # admits a's 2.0: 3 of 5, as many as always admitting
+    worse = [*points[:4], point("b", 1.5, "tolerated", "tolerated"), points[5]]
+    text = admission_markdown(Thresholds(**{**t.__dict__, "points": worse}))
+    assert ("On the KL ratio alone: 3 of 5 held-out levels predicted right; always admitting gets 3, always "
+            "rejecting 2. No better than always admitting.") in text
     older = [{k: v for k, v in p.items() if k != "kl_verdict"} for p in points]  # a thresholds file before it
     assert "labelled by the KL ratio alone" not in admission_markdown(Thresholds(**{**t.__dict__, "points": older}))

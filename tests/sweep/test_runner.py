@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -199,3 +200,29 @@ def test_tasks_never_measured_go_first_then_the_longest():
     # equal estimates: one run of each seed before the second of any (twins share step 0's evaluation)
     twins = [dataclasses.replace(short, seed=s, rollout=r) for s in (0, 1) for r in ("none", "fp8-e4m3")]
     assert longest_first(twins) == [0, 2, 1, 3]
+
+
+def test_estimates_know_the_response_cap(tmp_path):
+    """Runs of one pair at two response caps get a coefficient each (a step's cost grows with the responses it
+    samples): fitted from a ledger of finished tasks, each cap's estimate is its own runs' measured seconds; a cap
+    never measured falls back to the pair's median over every run."""
+    from mismatch.sweep.estimate import estimate_seconds, fit_costs
+
+    configs = {cap: OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, eval_every=2, eval_prompts=8, max_new_tokens=cap)
+               for cap in (4, 16)}
+    wall = {4: 3.0, 16: 12.0}  # the runs' own per-step seconds (train), and their ledger seconds (train + evals)
+    ledger = {4: 5.0, 16: 20.0}
+    rows = []
+    for cap, config in configs.items():
+        rid = run_id("opd", run_columns(config))
+        rows.append({"kind": "opd", "run_id": rid, "metric": "wall_s", "value": wall[cap]})
+        write_record(tmp_path, task_id(config), {"status": "done", "config": dataclasses.asdict(config),
+                                                  "seconds": ledger[cap], "threads": 1})
+    pd.DataFrame(rows).to_parquet(tmp_path / "part-0.parquet")
+    costs = fit_costs(tmp_path)
+    for cap, config in configs.items():
+        assert estimate_seconds(config, costs) == pytest.approx(ledger[cap])
+    other = dataclasses.replace(configs[4], max_new_tokens=64)
+    both = [(wall[c] / 8, (ledger[c] - wall[c]) / (2 * 8)) for c in (4, 16)]
+    want = 8 * statistics.median(t for t, _ in both) + 2 * 8 * statistics.median(e for _, e in both)
+    assert estimate_seconds(other, costs) == pytest.approx(want)

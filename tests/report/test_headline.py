@@ -1,0 +1,27 @@
+"""The headline's study table: each row's settings against the ones its pair shares, said once."""
+
+import pandas as pd
+
+from mismatch.analysis.sequential import DEFAULT_DESIGN
+from mismatch.report.headline import headline_markdown
+from mismatch.verdict import DEFAULT_TOLERANCE
+
+
+def _level(pair: str, settings: str, level: float) -> dict:
+    return {"pair": pair, "source": "noise", "loss": "full-rkl", "settings": settings, "level": level,
+            "verdict": "tolerated", "judged_on": "KL ratio", "acc_delta": float("nan"), "acc_delta_hw": float("nan"),
+            "kl_ratio": 1.0, "kl_ratio_hw": 0.05, "seeds": 3, "response_tokens": 32.0}
+
+
+def test_the_settings_most_levels_share_are_named_not_called_default():
+    """Two of a pair's three levels ran at 32 tokens, one at 128: the 32-token rows say `common`, the other names
+    its cap, and the footnote spells out what `common` is for each pair (the loss has its own column)."""
+    rung = "loss full-rkl, steps 20, lr 0.0003, max_new_tokens {}"
+    levels = pd.DataFrame([_level("p", rung.format(32), 0.1), _level("p", rung.format(32), 0.2),
+                           _level("p", rung.format(128), 0.1), _level("q", "loss full-rkl, lr 0.001", 0.1)])
+    text = headline_markdown(levels, pd.DataFrame({"complete": [True] * 8}), pd.DataFrame(), pd.DataFrame(),
+                             tolerance=DEFAULT_TOLERANCE, design=DEFAULT_DESIGN)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| p |") or line.startswith("| q |")]
+    assert [(r[0], r[4]) for r in rows] == [("| p", "common"), ("| p", "max_new_tokens 128"), ("| q", "common")]
+    assert "Shared by most of a pair's levels — p: steps 20, lr 0.0003, max_new_tokens 32; q: lr 0.001." in text
+    assert "default" not in text
