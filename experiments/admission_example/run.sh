@@ -26,4 +26,11 @@ done
 # rung's settings) and the window statistic decides — int4:group128, which the study tolerates at this rung
 $BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --teacher smollm2-pruned:teacher --lr 3e-4 \
   --max-new-tokens 32 --no-recipe --threads 1 --json > $out/pruned_int4_window.json
+# the held-out cases again, by the window statistic (with the teacher, at validation.toml's lr 3e-5), decided
+# 2026-12-04 before the cases' second look (their first look, 3 seeds, was undecided): the pre-registered record
+for case in "int4:group128 0 concise_int4_block0" "int2:group32 5 concise_int2_block5"; do
+  set -- $case
+  $BIN/mismatch check smollm2-concise:student --rollout $1 --layers $2 --teacher smollm2-concise:teacher --lr 3e-5 \
+    --no-recipe --threads 1 --json > $out/${3}_window.rerun.json
+done
 echo "exit codes are the decisions (0 admit, 1 reject, 3 uncertain); JSON in $out"
