@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from mismatch.admission.thresholds import (NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows,
@@ -90,16 +91,24 @@ def _held_out_by(t: Thresholds) -> list[str]:
     decided = points[points["decided"].astype(bool)]
     if decided["pair"].nunique() < 2:
         return []
-    pred = held_out_predictions(decided, t.primary)
+    return ["", f"### {t.primary} leaving one pair out, per source and per response length", "",
+            f"Decided levels only; pairs: {', '.join(sorted(decided['pair'].unique()))}.", "",
+            *_breakdown(decided, t.primary, ("source", "length"))]
+
+
+def _breakdown(decided: pd.DataFrame, statistic: str, by: tuple[str, ...]) -> list[str]:
+    """Leave one pair out on `decided` levels (`held_out_predictions`, levels where `statistic` exists), as a
+    table of levels right per group of each of `by` (`pair`, `source`, `length`: the response-length bucket),
+    beside always admitting and always rejecting the same levels."""
+    decided = decided[np.isfinite(decided[statistic].to_numpy(dtype=float))]
+    pred = held_out_predictions(decided, statistic)
     pred = pred.assign(right=pred["admitted"] == pred["tolerated"].astype(bool),
                        length=pred["response_tokens"].map(_length_bucket))
-    lines = ["", f"### {t.primary} leaving one pair out, per source and per response length", "",
-             f"Decided levels only; pairs: {', '.join(sorted(decided['pair'].unique()))}.", "",
-             "| by | group | levels | right | always admit | always reject |", "|---|---|---|---|---|---|"]
-    for by in ("source", "length"):
-        for group, g in pred.groupby(by, sort=True):
+    lines = ["| by | group | levels | right | always admit | always reject |", "|---|---|---|---|---|---|"]
+    for column in by:
+        for group, g in pred.groupby(column, sort=True):
             tol = int(g["tolerated"].astype(bool).sum())
-            lines.append(f"| {by} | {group} | {len(g)} | {int(g['right'].sum())} | {tol} | {len(g) - tol} |")
+            lines.append(f"| {column} | {group} | {len(g)} | {int(g['right'].sum())} | {tol} | {len(g) - tol} |")
     return lines
 
 
@@ -205,6 +214,14 @@ def _transfer(rows: pd.DataFrame, analysis: Analysis, out_dir: Path) -> list[Pat
         return []
     table = transfer_table(points)
     files = [out_dir / "admission_transfer.md", out_dir / "admission_transfer.csv"]
-    files[0].write_text(transfer_markdown(points, table), encoding="utf-8")
+    gate = "window:mismatch_kl"  # what `check --teacher` measures and decides by (`mismatch.admission.checker`)
+    lines = [] if gate not in points or decided["pair"].nunique() < 2 else [
+        "", f"## The check's gate with a teacher: `{gate}` leaving one pair out", "",
+        "Each pair's decided levels predicted by the limit fitted on the other pairs' (the thresholds' window limit "
+        "leaves the length ladder's rungs out; here, as in the table above, every decided level counts), per "
+        "held-out pair, source and response length (tokens), beside always admitting and always rejecting.", "",
+        *_breakdown(decided, gate, ("pair", "source", "length"))]
+    files[0].write_text(transfer_markdown(points, table) + "\n".join(lines) + ("\n" if lines else ""),
+                        encoding="utf-8")
     table.to_csv(files[1], index=False)
     return files

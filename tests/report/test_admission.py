@@ -83,3 +83,22 @@ def test_leaving_one_pair_out_on_the_kl_ratio_alone_relabels_levels_an_accuracy_
             "rejecting 2. No better than always admitting.") in text
     older = [{k: v for k, v in p.items() if k != "kl_verdict"} for p in points]  # a thresholds file before it
     assert "labelled by the KL ratio alone" not in admission_markdown(Thresholds(**{**t.__dict__, "points": older}))
+
+
+def test_the_window_gate_leaving_one_pair_out_is_broken_down_by_pair_source_and_length():
+    """Pair a: a tolerated lag at 0.05 and a failing format at 0.4 (8 tokens); pair b: a tolerated format at 0.15
+    and a failing lag at 0.3 (40 tokens). Held out a: b's split √(0.15·0.3) = 0.212 admits 0.05, rejects 0.4 (2
+    right); held out b: a's split √(0.05·0.4) = 0.141 rejects both 0.15 (wrong) and 0.3 (1 right)."""
+    from mismatch.report.admission import _breakdown
+
+    def point(pair, source, value, tolerated, tokens):
+        return {"pair": pair, "source": source, "window:mismatch_kl": value, "tolerated": tolerated,
+                "response_tokens": tokens}
+
+    points = pd.DataFrame([point("a", "stale", 0.05, True, 8.0), point("a", "format", 0.4, False, 8.0),
+                           point("b", "format", 0.15, True, 40.0), point("b", "stale", 0.3, False, 40.0),
+                           point("b", "noise", float("nan"), True, 40.0)])  # no window value: not predicted
+    lines = _breakdown(points, "window:mismatch_kl", ("pair", "source", "length"))
+    assert lines[2:] == ["| pair | a | 2 | 2 | 1 | 1 |", "| pair | b | 2 | 1 | 1 | 1 |",
+                         "| source | format | 2 | 1 | 1 | 1 |", "| source | stale | 2 | 2 | 1 | 1 |",
+                         "| length | 0–16 | 2 | 2 | 1 | 1 |", "| length | 16–64 | 2 | 1 | 1 | 1 |"]
