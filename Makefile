@@ -101,7 +101,7 @@ reproduce-study: $(STAMP)
 # The length ladder (sweeps/length.toml: smollm2-pruned at 8, 32 and 128 response tokens; ~7 hours on 2 cores),
 # then the rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
 # SmolLM2 pairs against reproduce-study's twins and the ladder's 32-token rung, pg-rkl-is there, with and without
-# TIS; ~8.5 hours), in
+# TIS; ~10 hours), in
 # parts with --resume.
 reproduce-study-extended: $(STAMP)
 	@start=$$(date +%s); \
