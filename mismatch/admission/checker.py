@@ -23,8 +23,8 @@ user's settings (`Pipeline.trainer`: lr, β1, loss, TIS) near the pipeline's res
 otherwise.
 
 The fitted limit rests on first-step values, and the statistic moves during training (`Thresholds.drift`:
-the study's in-training peak over the first step, per source). The check judges the first-step value a
-second time against the limit lowered by the source's drift margin (the peak ratio's median over its
+the study's in-training peak over the first step, per source). Without a teacher the check judges the
+first-step value a second time against the limit lowered by the source's drift margin (the peak ratio's median over its
 largest): above it, and not rejected, the answer is uncertain.
 
 `check(model, rollout=None, dump=FILE)` judges a real engine instead: its rollout dump (sampled
