@@ -48,7 +48,7 @@ from mismatch.admission.calibration import (CalibrationSettings, calibration_pro
 from mismatch.rollout.cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
 from mismatch.admission.decision import Decision, decide, judge, overall, resolve_gates
-from mismatch.admission.lagged import TrainerSettings, measure_lag
+from mismatch.admission.lagged import TrainerSettings, measure_lag, pipeline_rollout
 from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
@@ -306,12 +306,10 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
                            recipe=recipe, say=say, ref_dtype=ref_dtype, device=device)
     spec, pipeline = _rollout_spec(DEFAULT_ROLLOUT if rollout is None else rollout, pipeline)
     windowed = teacher is not None and (pipeline.lags or spec is not None)  # the window statistic is measured
-    if windowed:
-        trainer_precision(ref_dtype)  # it is measured by training the checkpoint: refused before it is loaded
-        if spec is not None and pipeline.reuse > 1:
-            raise InputError(f"{spec} with reuse:{pipeline.reuse}: OPD reuses the student's own batches; check the "
-                             "perturbation and the reuse separately")
     static = NO_COPY if spec is None else str(spec)  # what the check samples with and scores
+    if windowed:  # what cannot be measured is refused before the checkpoint is loaded
+        trainer_precision(ref_dtype)  # it is measured by training the checkpoint
+        pipeline_rollout(static, pipeline.staleness, pipeline.reuse)
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
     select(lm.model, layers)  # fail fast on a bad scope

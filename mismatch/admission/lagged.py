@@ -84,6 +84,19 @@ class _Prompts:
         return list(self.items[:n]) if split == "train" else []
 
 
+def pipeline_rollout(rollout: str, staleness: int, reuse: int) -> str:
+    """The OPD rollout string of a pipeline measured by `measure_lag` (its perturbation spec, else `reuse:R`,
+    else `none`; the lag is OPD's `staleness`), refusing what cannot be measured: nothing (no perturbation,
+    K = 0 and R = 1), or a perturbation with reuse (OPD reuses the student's own batches)."""
+    static = rollout not in ("", "none")
+    if staleness == 0 and reuse == 1 and not static:
+        raise InputError("nothing to measure: staleness 0 and reuse 1 is the clean pipeline")
+    if static and reuse > 1:
+        raise InputError(f"{rollout} with reuse:{reuse}: OPD reuses the student's own batches; check the "
+                         "perturbation and the reuse separately")
+    return rollout if static else f"reuse:{reuse}" if reuse > 1 else "none"
+
+
 def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int, reuse: int,
                 settings: TrainerSettings = TrainerSettings(), chat: bool, context: tuple[tuple[str, str], ...] = (),
                 teacher_context: tuple[tuple[str, str], ...] = (), max_new_tokens: int, seed: int = 0,
@@ -97,19 +110,14 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
         InputError: nothing to measure (no perturbation, K = 0 and R = 1), a perturbation with reuse (OPD
         runs reuse on the student itself), or no prompt.
     """
-    static = rollout not in ("", "none")
-    if staleness == 0 and reuse == 1 and not static:
-        raise InputError("nothing to measure: staleness 0 and reuse 1 is the clean pipeline")
-    if static and reuse > 1:
-        raise InputError(f"{rollout} with reuse:{reuse}: OPD reuses the student's own batches; measure the "
-                         "perturbation and the reuse separately")
+    opd_rollout = pipeline_rollout(rollout, staleness, reuse)
     if not prompts:
         raise InputError("no calibration prompts to train on")
     first, last = window_steps(staleness, window)
     precision = trainer_precision(next(student.model.parameters()).dtype)  # the checkpoint's, as loaded
     config = OPDConfig(pair="check", ref_dtype=precision,
                        device=str(model_device(student.model)), staleness=staleness, layers=layers,
-                       rollout=rollout if static else f"reuse:{reuse}" if reuse > 1 else "none",
+                       rollout=opd_rollout,
                        loss=settings.loss, lr=settings.lr, adam_beta1=settings.adam_beta1, tis_cap=settings.tis_cap,
                        warmup_steps=0, decay="constant", steps=last, batch_size=len(prompts), seed=seed,
                        max_new_tokens=max_new_tokens, train_prompts=len(prompts), eval_probe=0)
@@ -150,4 +158,4 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
         mean, half = t_interval([m[s] for m in kept]) if all(s in m for m in kept) else (math.nan, math.nan)
         stats[s] = (mean, mean - half, mean + half)
     return LagMeasurement(staleness=staleness, reuse=reuse, settings=settings, steps=last, window=(first, last),
-                          statistics=stats, per_step=per_step, rollout=rollout if static else "none", layers=layers)
+                          statistics=stats, per_step=per_step, rollout=rollout or "none", layers=layers)
