@@ -108,7 +108,7 @@ def measure_lag(student: LM, teacher: LM, prompts: list[str], *, staleness: int,
 
     Raises:
         InputError: nothing to measure (no perturbation, K = 0 and R = 1), a perturbation with reuse (OPD
-        runs reuse on the student itself), or no prompt.
+            runs reuse on the student itself), or no prompt.
     """
     opd_rollout = pipeline_rollout(rollout, staleness, reuse)
     if not prompts:
