@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
 BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: end -->"
 EXAMPLE = "A worked example on SmolLM2"  # docs/admission.md's section quoting the checks' own outputs
+MONITORED = "Two real logs, judged"  # docs/trainers.md's section quoting `mismatch monitor`'s own summaries
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d+\.\d+(?![\w.]*\d)")  # decimals: 0.233, −2.0, 1.041 (not 2026-12-01, not v1.2.3)
 
 
@@ -35,10 +36,9 @@ def _report_numbers() -> set[str]:
     return found
 
 
-def _example_numbers() -> set[str]:
-    """Every number of the worked example's check outputs (`experiments/admission_example/*.json`) and of the
-    held-out cases' comparison (`experiments/validation/validation.json`, written by its compare.py), in the
-    forms the page rounds them to (3 and 4 significant digits, 1–4 decimals)."""
+def _json_numbers(paths: list[Path]) -> set[str]:
+    """Every number of the JSON files `paths`, in the forms a page rounds them to (3 and 4 significant digits,
+    1–4 decimals)."""
     import json
 
     found: set[str] = set()
@@ -55,10 +55,21 @@ def _example_numbers() -> set[str]:
         elif isinstance(value, str):
             found.update(_normal(n) for n in NUMBER.findall(value))
 
-    for path in [*sorted((ROOT / "experiments" / "admission_example").glob("*.json")),
-                 ROOT / "experiments" / "validation" / "validation.json"]:  # and the held-out cases' verdicts
+    for path in paths:
         walk(json.loads(path.read_text(encoding="utf-8")))
     return found
+
+
+def _example_numbers() -> set[str]:
+    """The worked example's check outputs (`experiments/admission_example/*.json`) and the held-out cases'
+    comparison (`experiments/validation/validation.json`, written by its compare.py)."""
+    return _json_numbers([*sorted((ROOT / "experiments" / "admission_example").glob("*.json")),
+                          ROOT / "experiments" / "validation" / "validation.json"])
+
+
+def _monitor_numbers() -> set[str]:
+    """`mismatch monitor`'s summaries of the two logs docs/trainers.md shows (`monitor_figures.sh` writes them)."""
+    return _json_numbers(sorted((ROOT / "experiments" / "trl_crosscheck").glob("monitor_*.json")))
 
 
 def test_the_readme_quotes_the_headline_the_reports_wrote():
@@ -82,16 +93,18 @@ def test_the_study_page_includes_the_headline_the_reports_wrote():
                                           ("docs/admission.md", "Where the limit comes from"),
                                           ("docs/admission.md", "One statistic across sources"),
                                           ("docs/admission.md", "Drift"),
-                                          ("docs/admission.md", EXAMPLE)])
+                                          ("docs/admission.md", EXAMPLE), ("docs/trainers.md", MONITORED)])
 def test_every_number_quoted_is_in_the_reports(page, heading):
     """... or, for the admission page's worked example, in the checks' own JSON output that the example's
-    script wrote (`experiments/admission_example/`)."""
+    script wrote (`experiments/admission_example/`); for the trainers page's monitored logs, in the
+    monitor's own summaries (`experiments/trl_crosscheck/monitor_*.json`)."""
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
     quoted = [n for n in NUMBER.findall(text)]
     assert quoted, "the premise: the section quotes numbers"
-    known = _report_numbers() | (_example_numbers() if heading == EXAMPLE else set())
+    known = (_report_numbers() | (_example_numbers() if heading == EXAMPLE else set())
+             | (_monitor_numbers() if heading == MONITORED else set()))
     missing = sorted({n for n in quoted if _normal(n) not in known})
     assert not missing, f"{page} quotes numbers no report holds: {missing}"

@@ -30,3 +30,5 @@ PY
 .venv/bin/mismatch monitor "$out/opd" --out "$out/monitor-opd" || true
 cp "$out/monitor-trl/monitor.png" docs/assets/monitor-trl.png
 cp "$out/monitor-opd/monitor.png" docs/assets/monitor-opd.png
+cp "$out/monitor-trl/monitor.json" experiments/trl_crosscheck/monitor_trl.json  # the numbers docs/trainers.md quotes
+cp "$out/monitor-opd/monitor.json" experiments/trl_crosscheck/monitor_opd.json

@@ -47,7 +47,7 @@ from mismatch.admission.calibration import (CalibrationSettings, calibration_pro
                                             small_calibration_notes, wanted_tokens)
 from mismatch.rollout.cost import measured_cost, rollout_cost
 from mismatch.admission.gates import Gate, preset_gates
-from mismatch.admission.decision import Decision, decide, judge, overall, resolve_gates
+from mismatch.admission.decision import Decision, decide, judge, overall, resolve_gates, window_gates
 from mismatch.admission.lagged import TrainerSettings, measure_lag, pipeline_rollout
 from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
@@ -209,10 +209,12 @@ def _measured_window(lm: LM, name: str, teacher: str | LM, thresholds: Threshold
                       rollout=static, layers=layers)
     primary = thresholds.primary
     value, low, high = lag.statistics[primary]
-    limit = thresholds.window_limits.get(primary, math.nan)
-    verdict = decide(value, low, high, limit) if not math.isnan(limit) else Verdict.UNCERTAIN
+    gate = next(iter(window_gates(thresholds)), None)
+    limit = gate.limit if gate is not None else math.nan
+    verdict = decide(value, low, high, limit) if gate is not None else Verdict.UNCERTAIN
     decision = Decision(metric=f"measured/{label}/window:{primary}", value=value, low=low, high=high, limit=limit,
-                        source=f"window limit ({thresholds.fitted_on})", verdict=verdict)
+                        source=gate.source if gate is not None else f"no window limit ({thresholds.fitted_on})",
+                        verdict=verdict)
     first, last = lag.window
     note = (f"{label} measured on this checkpoint: {lag.steps} OPD steps against {teacher_lm.name} at "
             f"{pipeline.trainer.describe()} (constant rate), {primary} averaged over steps {first}–{last}: "

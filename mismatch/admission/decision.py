@@ -152,3 +152,13 @@ def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None,
     split = (f"tolerated configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean"
              if not math.isnan(hi) else "no configuration was not tolerated: limit at the largest tolerated value")
     return [Gate(table.primary, limit, f"{table.fitted_on}: {split}")]
+
+
+def window_gates(table: Thresholds) -> list[Gate]:
+    """The window gate of `table`: its primary statistic's window limit (`Thresholds.window_limits`, fitted on
+    every source), what a pipeline's window statistic — the mean over `table.window_steps` OPD steps — is
+    judged against; empty when the table holds no window limit (a file written before they were fitted)."""
+    if table.primary not in table.window_limits:
+        return []
+    return [Gate(table.primary, float(table.window_limits[table.primary]),
+                 f"window limit ({table.fitted_on})")]

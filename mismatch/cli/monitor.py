@@ -19,7 +19,7 @@ def monitor(
                                              "events, JSON lines of metric dicts (verl, prime-rl), or a results dataset.")],
     thresholds: ThresholdsFile = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write monitor.png, monitor.csv and monitor.json here.")] = None,
-    patience: Annotated[int, typer.Option(help="Consecutive logged steps above the limit that make an alarm.")] = MonitorSettings.patience,
+    patience: Annotated[int, typer.Option(help="Consecutive logged steps whose trailing window (the check's window statistic) lies above its limit that make an alarm.")] = MonitorSettings.patience,
     total_steps: Annotated[int | None, typer.Option(help="The run's planned steps: a rising trend is flagged when its line reaches the limit by then (default: the logged span once more).")] = None,
     trend_steps: Annotated[int, typer.Option(help="The last logged steps the trend line is fitted to.")] = MonitorSettings.trend_steps,
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
@@ -27,8 +27,9 @@ def monitor(
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
     threads: Threads = None,
 ) -> None:
-    """Judge a training run's own log against the calibrated admission limits, step by step.
-    Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising (below the limit, but
+    """Judge a training run's own log against the calibrated admission limits, step by step: at each logged
+    step, the mean of the gating statistic over the last window of steps (the check's window statistic) against
+    the window limit. Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising (below the limit, but
     its trend's slope is positive at 95% and reaches the limit within the run's steps), 2 error."""
     early(files=(("no log at {path}", log), ("thresholds file not found: {path}", thresholds),
                  ("no framework config at {path}", framework_config)))

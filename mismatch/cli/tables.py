@@ -258,9 +258,18 @@ def score_table(result) -> Table:
     return table
 
 
+def _last_window(stat) -> str:
+    """The statistic's last trailing window: mean [interval] over its logged values (— without a window)."""
+    if stat.window is None:
+        return "—"
+    w = stat.windows.iloc[-1]
+    interval = f" [{w['low']:.3g}, {w['high']:.3g}]" if w["n"] > 1 else " (1 value)"
+    return f"{w['mean']:.4g}{interval} over {stat.window} steps"
+
+
 def monitor_table(report) -> Table:
     """A training log judged: each calibrated statistic (the gating one first) with its last and largest
-    value, limit, steps above it (those not finite among them: they count as above) and the longest run of
+    value, its last trailing window (mean and interval: what is judged), limit, steps above it (those not finite among them: they count as above) and the longest run of
     them, then the framework's own gates; below, the caveats, the non-finite steps, the modes the names were
     read in, the known names that are not comparable, and what the reading left out."""
     alarm = f", alarm at step {report.alarm_step}" if report.alarm_step is not None else ""
@@ -268,8 +277,8 @@ def monitor_table(report) -> Table:
     title = (f"{report.path} ({report.format}, {report.steps} logged steps): {report.status.upper()}{alarm} "
              f"— {report.gating.name} gates{' (see its caveat)' if report.gating.caveat else ''}, patience "
              f"{report.patience}" + (f"; {len(nonfinite)} of its steps not finite" if nonfinite else ""))
-    table = Table("statistic", "logged as", "last", "max", "limit [bracket]", "steps above", "longest run",
-                  title=escape(title))
+    table = Table("statistic", "logged as", "last", "max", "last window [95%]", "limit [bracket]", "steps above",
+                  "longest run", title=escape(title))
     stats = [report.gating, *report.others]
     for stat in (*stats, *report.framework_gates):
         own = not any(stat is s for s in stats)  # identity: a Statistic holds a Series
@@ -277,7 +286,7 @@ def monitor_table(report) -> Table:
         label = " (gates)" if stat is report.gating else f" ({stat.framework}'s own gate)" if own else ""
         bad = len(stat.nonfinite_steps)
         table.add_row(escape(stat.name + label), escape(f"{stat.logged_as} ({stat.framework})"),
-                      f"{stat.values.iloc[-1]:.4g}", f"{stat.values.max():.4g}",
+                      f"{stat.values.iloc[-1]:.4g}", f"{stat.values.max():.4g}", _last_window(stat),
                       f"{stat.limit:.4g}" + ("" if own else f" [{lo:.3g}, {hi:.3g}]"),
                       f"{len(stat.crossed_steps)}/{len(stat.values)}" + (f" ({bad} not finite)" if bad else ""),
                       str(stat.longest_run()))

@@ -20,8 +20,12 @@ for the positions of its training forward, which by default are those the sample
   `train/token_mult_prob_error`, …), so they land in `trainer.state.log_history` and whatever TRL
   reports to. With `rollout=None` the rollout policy is the student: every mismatch statistic is exactly
   its no-mismatch value (0; 1 for the ratio-type `train/token_mult_prob_error` and ESS).
-* The admission gates (`mismatch.admission.judge`: the shipped fitted limit, or `thresholds`) judge the
-  first batch, then every `gate_every` optimizer steps the tokens of the last `gate_every` batches. A
+* The admission gates (`mismatch.admission.judge`: the shipped fitted limits, or `thresholds`) judge the
+  first batch against the first-step limit, then every `gate_every` optimizer steps the tokens of the last
+  `gate_every` batches — a window statistic (pooled over tokens) — against the window limit
+  (`Thresholds.window_limits`, what `check --teacher` and `mismatch monitor` judge by; over
+  `Thresholds.window_steps` = 10 steps, the default `gate_every`). Limits given as `{statistic: limit}`
+  apply to every judgement. A
   reject is a violation: `on_violation="warn"` logs one warning line (statistic, interval, limit);
   `"stop"` ends training after that step with a checkpoint saved.
 
@@ -55,7 +59,7 @@ from packaging.version import Version
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 from trl import DistillationTrainer
 
-from mismatch.admission.decision import Decision, judge, resolve_gates, statistics
+from mismatch.admission.decision import Decision, judge, resolve_gates, statistics, window_gates
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.errors import InputError, MismatchError
 from mismatch.model.generate import Batch, sequence_logprobs
@@ -249,8 +253,9 @@ class MismatchDistillationTrainer(DistillationTrainer):
             `mismatch check` (`Recipe` or its dict: its `spec` on its `layers`), `engine:llama.cpp[,…]`,
             or None (the trainer's own behaviour: the student samples).
         layers: the spec's layer scope (`mismatch.perturb.select`), default every linear layer but the head.
-        thresholds: the gates — None: the shipped fitted limit; a thresholds file or `Thresholds`; or
-            `{statistic: limit}` of any names `statistics` gives.
+        thresholds: the gates — None: the shipped fitted limits (the first batch against the first-step
+            limit, later windows against the window limit); a thresholds file or `Thresholds` (the same two);
+            or `{statistic: limit}` of any names `statistics` gives (every judgement).
         gate_every: judge the gates on the last `gate_every` batches' tokens every `gate_every` optimizer
             steps (and on the first batch).
         on_violation: `"warn"` (log a warning line) or `"stop"` (end training after the step, checkpoint saved).
@@ -286,6 +291,8 @@ class MismatchDistillationTrainer(DistillationTrainer):
         table = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(
             thresholds if isinstance(thresholds, (str, Path)) else None)
         self.gates = resolve_gates(thresholds if isinstance(thresholds, dict) else None, table)
+        # after the first batch the gates judge a window of batches: the window limit, where the table has one
+        self.later_gates = (self.gates if isinstance(thresholds, dict) else window_gates(table) or self.gates)
         try:
             training_args = inspect.signature(DistillationTrainer.__init__).bind_partial(self, *args, **kwargs)
         except TypeError:  # TRL's own call below says so, in its words
@@ -463,7 +470,8 @@ class MismatchDistillationTrainer(DistillationTrainer):
             labels.append(seq_N + first)
             first += int(seq_N.max()) + 1
         seq = torch.cat(labels)
-        _, decisions = judge(logp_train, logp_rollout, seq, self.gates, clip=self.clip, seed=step)
+        gates = self.gates if step == 0 else self.later_gates
+        _, decisions = judge(logp_train, logp_rollout, seq, gates, clip=self.clip, seed=step)
         record = GateRecord(step, len(logp_train), int(seq.max()) + 1, tuple(decisions))
         self.gate_records.append(record)
         for d in decisions:

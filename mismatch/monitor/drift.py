@@ -1,16 +1,26 @@
 """The admission limit applied to a training run's own log, step by step: `monitor(path)`.
 
-A check before the run judges the first batch; mismatch can grow during training (a drifting engine, a
-cache bug, weights that move into a region the rollout format handles worse). `monitor` reads the per-step
-statistics the run logged (`mismatch.monitor.logs`), maps each framework's name onto the calibrated
+A check before the run judges the pipeline's first steps; mismatch can grow during training (a drifting
+engine, a cache bug, weights that move into a region the rollout format handles worse). `monitor` reads the
+per-step statistics the run logged (`mismatch.monitor.logs`), maps each framework's name onto the calibrated
 statistic it is in the run's mode (`mismatch.monitor.names`: the mode from a framework config given, the
 config the log carries, or the toolkit's own), and judges the *gating* statistic — the thresholds file's
-primary (`mismatch_kl`), else the first of its calibrated statistics the log has — against its limit: the
-run is `crossed` when the statistic lies above the limit on `patience` consecutive logged steps, else
-`within`. A logged value that is not finite (NaN, ±inf) counts as above the limit: it is the loudest signal
-a log can give, and the count of such steps is reported. Each logged step's value is a point estimate (a
-log keeps no interval), hence the patience. Every other calibrated statistic found is reported against its
-own limit, but does not decide; so is a limit the framework applied itself (NeMo RL's sequence gate).
+primary (`mismatch_kl`), else the first of its calibrated statistics the log has — the way `check --teacher`
+judges a pipeline: the *window statistic*, the mean of the per-step values over a window of
+`Thresholds.window_steps` optimizer steps (the study's `window:` statistics, `mismatch.admission.transfer`),
+with its 95% t-interval over the window's logged values, against the window limit fitted on every source
+(`Thresholds.window_limits`). Here the window trails: at each logged step s, the steps `(s − W, s]` (from
+the log's first step while fewer have been logged: a short run is judged on what it has). A window is *above* when the check would reject it (its interval wholly above the limit); a
+window with one logged value (a log written every W steps or more sparsely) has no interval and is above when
+its value is. The run is `crossed` when its windows are above on `patience` consecutive logged steps, else
+`within`. A logged value that is not finite (NaN, ±inf) makes its windows above: it is the loudest signal a
+log can give, and the count of such steps is reported. Every other calibrated statistic found is judged the
+same way against its own window limit, but does not decide; a limit the framework applied itself (NeMo RL's
+sequence gate) is judged as that framework does, value by value. A thresholds file without window limits
+(written before they were fitted) judges each logged value against the first-step limit instead, and says so.
+
+The window limit was fitted on the first window after a lag is full; a run's later windows are judged against
+it too, so drift since the start counts against the run (what a monitor is for).
 
 A run below its limit can still be heading for it (mismatch grows during training: verl PR #7519's per-tensor
 FP8 `rollout_corr/kl` rose 0.010 → 0.031 over 32 steps). So the gating statistic's last `trend_steps` logged
@@ -18,7 +28,6 @@ values get a least-squares line (`Trend`: slope with its 95% t interval); a run 
 the slope's interval lies above 0 and the line reaches the limit within the run's planned steps
 (`total_steps`; default: the logged span once more).
 """
-
 from __future__ import annotations
 
 import math
@@ -28,13 +37,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mismatch.admission.decision import decide
 from mismatch.admission.thresholds import Thresholds, load_thresholds
+from mismatch.analysis.tolerance import t_interval
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text, check_writable, json_text
 from mismatch.metrics import ROLLOUT_STATS_CONFIG
 from mismatch.monitor.logs import STEP, Log, read_config, read_log
 from mismatch.monitor.names import GATES, NAMES, TOOLKIT, comparable_names, flat_config, meaning, resolve_settings
 from mismatch.monitor.settings import MonitorSettings
+from mismatch.verdict import ADMISSION_WORDS, Verdict
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,9 @@ def fit_trend(values: pd.Series, limit: float, last: int) -> Trend | None:
 class Statistic:
     """One statistic as the log has it: its values by step (logged steps only, non-finite values kept),
     where they come from (`how`: its definition in the run's mode; `mode`: that mode), its limit, and
-    `caveat`: what a judge of it must know. A value above the limit or not finite counts as above."""
+    `caveat`: what a judge of it must know. `window`: the optimizer steps whose mean is judged against the
+    limit (module docstring); None: each logged value is judged alone (a framework's own gate, or a limit
+    fitted on first steps). A value above the limit or not finite counts as above."""
 
     name: str
     logged_as: str
@@ -89,12 +103,38 @@ class Statistic:
     also_logged_as: list[str] = field(default_factory=list)
     mode: str = ""
     caveat: str | None = None
+    window: int | None = None
+
+    @property
+    def windows(self) -> pd.DataFrame:
+        """Per logged step `s`, its trailing window `(s − window, s]` (shorter at the start of the log): the
+        number of logged values in it, their mean and 95% t-interval (`low`, `high`; the mean itself with one
+        value), and the check's verdict of it (`decision`: PASS, FAIL or UNCERTAIN). Empty without a window."""
+        cols = ["n", "mean", "low", "high", "decision"]
+        if self.window is None:
+            return pd.DataFrame(columns=cols)
+        steps, v = self.values.index.to_numpy(), self.values.to_numpy(dtype=float)
+        rows, index = [], []
+        for step in steps:
+            inside = v[(steps > step - self.window) & (steps <= step)]
+            if not np.isfinite(inside).all():
+                rows.append((len(inside), math.nan, math.nan, math.nan, Verdict.FAIL))
+            else:
+                mean, half = t_interval(inside)
+                low, high = (mean, mean) if len(inside) < 2 else (mean - half, mean + half)
+                rows.append((len(inside), mean, low, high, decide(mean, low, high, self.limit)))
+            index.append(step)
+        return pd.DataFrame(rows, columns=cols, index=pd.Index(index, name=STEP))
 
     @property
     def above(self) -> pd.Series:
-        """Per logged step: the value lies above the limit, or is not finite."""
-        v = self.values.to_numpy(dtype=float)
-        return pd.Series(~np.isfinite(v) | (v > self.limit), index=self.values.index)
+        """Per logged step: the value judged there (the trailing window's, or the value itself) lies above
+        the limit, or is not finite."""
+        if self.window is None:
+            v = self.values.to_numpy(dtype=float)
+            return pd.Series(~np.isfinite(v) | (v > self.limit), index=self.values.index)
+        failed = self.windows["decision"] == Verdict.FAIL
+        return failed.reindex(self.values.index, fill_value=False).astype(bool)
 
     @property
     def crossed_steps(self) -> list[int]:
@@ -105,14 +145,14 @@ class Statistic:
         return [int(s) for s in self.values.index[~np.isfinite(self.values.to_numpy(dtype=float))]]
 
     def _runs_above(self):
-        """`(step, n)` per logged step: n consecutive logged steps up to it lie above the limit (0 if it does not)."""
+        """`(step, n)` per logged step: n consecutive logged steps up to it are above (0 if it is not)."""
         run = 0
         for step, above in self.above.items():
             run = run + 1 if above else 0
             yield int(step), run
 
     def first_alarm(self, patience: int) -> int | None:
-        """The logged step at which `patience` consecutive logged steps above the limit are complete."""
+        """The logged step at which `patience` consecutive logged steps above are complete."""
         return next((step for step, run in self._runs_above() if run >= patience), None)
 
     def longest_run(self) -> int:
@@ -167,7 +207,8 @@ class MonitorReport:
                     "last": _json_float(s.values.iloc[-1]),
                     "max": _json_float(s.values.max()),  # NaN skipped, ±inf kept
                     "crossed_steps": s.crossed_steps, "nonfinite_steps": s.nonfinite_steps,
-                    "longest_run_above": s.longest_run(), "also_logged_as": s.also_logged_as}
+                    "longest_run_above": s.longest_run(), "also_logged_as": s.also_logged_as,
+                    "window": s.window, "last_window": _last_window(s)}
         return {"log": self.path, "format": self.format, "logged_steps": self.steps, "patience": self.patience,
                 "status": self.status, "alarm_step": self.alarm_step, "gating": one(self.gating),
                 "trend": None if self.trend is None else self.trend.summary(), "horizon": self.horizon,
@@ -186,6 +227,16 @@ class MonitorReport:
         frames += [pd.DataFrame({STEP: v.index, "logged_as": name, "statistic": None, "value": v.to_numpy(),
                                  "limit": math.nan}) for name, (_, _, v) in self.not_comparable.items()]
         return pd.concat(frames, ignore_index=True)
+
+
+def _last_window(s: Statistic) -> dict | None:
+    """The statistic's last full window: its logged values, mean, interval and the check's verdict of it."""
+    w = s.windows
+    if w.empty:
+        return None
+    last = w.iloc[-1]
+    return {"step": int(w.index[-1]), "values": int(last["n"]), "mean": _json_float(last["mean"]),
+            "interval": [_json_float(last["low"]), _json_float(last["high"])], "decision": Verdict(last["decision"]).word(ADMISSION_WORDS)}
 
 
 def _json_float(x: float) -> float | str:
@@ -226,9 +277,13 @@ def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[ob
         parts = log.values.loc[steps, needs]
         values = pd.Series([m.case.convert(*row) for row in parts.itertuples(index=False)], index=parts.index,
                            dtype=float)
-        lo, hi = thresholds.brackets.get(stat, [math.nan, math.nan])
-        found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(thresholds.limits[stat]),
-                                (lo, hi), mode=m.case.mode, caveat=m.caveat)
+        windowed = stat in thresholds.window_limits
+        limits, brackets = ((thresholds.window_limits, thresholds.window_brackets) if windowed
+                            else (thresholds.limits, thresholds.brackets))
+        lo, hi = brackets.get(stat, [math.nan, math.nan])
+        found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(limits[stat]),
+                                (lo, hi), mode=m.case.mode, caveat=m.caveat,
+                                window=thresholds.window_steps if windowed else None)
     ordered = [found[name] for name in dict.fromkeys([thresholds.primary, *thresholds.limits]) if name in found]
     return ordered, others, read
 
@@ -319,6 +374,9 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     gating, steps = found[0], found[0].values.index
     horizon = settings.total_steps if settings.total_steps is not None else int(2 * steps[-1] - steps[0])
+    if gating.window is None:
+        gate_notes.append(f"{source} has no window limit for {gating.name}: each logged value is judged against "
+                          "its first-step limit")
     report = MonitorReport(str(path), log.format, len(log.values), settings.patience, gating, found[1:], others,
                            source, framework_gates=gates, framework_settings=read, notes=log.notes + gate_notes,
                            trend=fit_trend(gating.values, gating.limit, settings.trend_steps), horizon=horizon)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MonitorSettings:
-    """How a training log is judged. `patience`: consecutive logged steps with the gating statistic above
-    its limit that make an alarm (a logged value is a point estimate of one step's tokens: one step above
-    the limit may be noise). `trend_steps`: the last logged steps a straight line is fitted to (the trend);
+    """How a training log is judged. `patience`: consecutive logged steps whose trailing window of the gating
+    statistic is judged above its limit that make an alarm (each step is a new look at overlapping data: one
+    may be chance). `trend_steps`: the last logged steps a straight line is fitted to (the trend);
     `total_steps`: the run's planned length, the horizon within which a rising trend that would reach the
     limit is flagged (default: the logged span once more)."""
 

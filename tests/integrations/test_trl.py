@@ -152,8 +152,11 @@ def test_gates_warn_or_stop_on_a_copy_beyond_the_limit(pair, tmp_path, caplog):
     assert warned.state.global_step == 3
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mismatch gate")]
     assert [line.split(":")[0] for line in lines] == ["mismatch gate at step 0", "mismatch gate at step 2"]
-    limit = load_thresholds().limits["mismatch_kl"]  # the shipped limit the gate applies, as the line prints it
-    assert "mismatch_kl" in lines[0] and f"above the limit {limit:.4g}" in lines[0] and "\n" not in lines[0]
+    shipped = load_thresholds()  # the limits the gates apply, as the lines print them: the first batch's
+    first, window = shipped.limits["mismatch_kl"], shipped.window_limits["mismatch_kl"]  # and later windows'
+    assert "mismatch_kl" in lines[0] and f"above the limit {first:.4g}" in lines[0] and "\n" not in lines[0]
+    assert f"above the limit {window:.4g}" in lines[1]
+    assert [r.decisions[0].limit for r in warned.gate_records] == [first, window]
     assert all(r.violations for r in warned.gate_records)
 
     stopped = _trainer(pair, tmp_path / "stop", steps=5, rollout="noise:1.0", on_violation="stop")
@@ -168,6 +171,7 @@ def test_given_limits_gate_any_named_statistic(pair, tmp_path):
     trainer.train()
     (decision,) = trainer.gate_records[0].decisions
     assert decision.metric == "train/token_mult_prob_error" and decision.status == "reject"
+    assert trainer.later_gates == trainer.gates  # limits given apply to every judgement
 
 
 @pytest.mark.parametrize("kwargs, message", [

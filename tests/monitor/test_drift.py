@@ -1,6 +1,7 @@
 """`mismatch monitor` on logs written by real runs: TRL's trainer (trainer_state.json and TensorBoard), the
 toolkit's own OPD loop (its results dataset), verl's own file logger fed that run's metrics, and prime-rl's
-file-monitor lines; the patience rule against a hand-counted series; bad logs as one-line errors."""
+file-monitor lines; the trailing window (the check's window statistic) against an independent t-interval; the
+patience rule against a hand-counted series; bad logs as one-line errors."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from mismatch.monitor.logs import read_log
 pytest.importorskip("trl", reason="the trl extra is not installed (make test installs it)")
 from tests.trl_runs import trl_trainer  # noqa: E402
 
-LIMIT = load_thresholds().limits["mismatch_kl"]
+THRESHOLDS = load_thresholds()
+LIMIT = THRESHOLDS.window_limits["mismatch_kl"]  # what the gating statistic's windows are judged against
+WINDOW = THRESHOLDS.window_steps
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +127,53 @@ def _series_log(path, values: list[float], name: str = "mismatch_kl"):
     return path
 
 
+def test_the_trailing_window_is_the_checks_window_statistic_judged_as_the_check_judges_it(tmp_path):
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    values = [LIMIT * (0.5 if s <= 15 else 3.0) * (1 + 0.3 * rng.standard_normal()) for s in range(1, 41)]
+    log = tmp_path / "dense.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "mismatch_kl": v}) + "\n" for s, v in enumerate(values, 1)))
+    report = monitor(log, settings=MonitorSettings(patience=3))
+    windows = report.gating.windows
+    assert report.gating.window == WINDOW and len(windows) == 40
+    rejected = []
+    for s in range(1, 41):  # independent: the mean of the logged values in (s − W, s] and scipy's t quantile
+        inside = np.array(values[max(0, s - WINDOW):s])
+        mean = inside.mean()
+        half = stats.t.ppf(0.975, len(inside) - 1) * inside.std(ddof=1) / np.sqrt(len(inside)) if len(inside) > 1 else 0
+        row = windows.loc[s]
+        assert row["n"] == len(inside) and row["mean"] == pytest.approx(mean, rel=1e-12)
+        # the package's t quantiles are tabled to 3 decimals (≥ 2.04 at these df): ≤ 0.0005 / 2.04 of the half-width
+        assert (row["high"] - row["low"]) / 2 == pytest.approx(half, rel=2.5e-4, abs=1e-15)
+        assert (row["high"] + row["low"]) / 2 == pytest.approx(mean, rel=1e-12)
+        rejected.append(mean - half > LIMIT)
+    run, expected = 0, None
+    for s, r in enumerate(rejected, 1):  # hand count: the first run of 3 consecutive rejected windows
+        run = run + 1 if r else 0
+        expected = s if expected is None and run >= 3 else expected
+    assert 16 < expected <= 16 + WINDOW  # the shift at step 16 shows within a window, not at once
+    assert report.status == "crossed" and report.alarm_step == expected
+    assert report.gating.crossed_steps == [s for s, r in zip(range(1, 41), rejected) if r]
+    summary = report.summary()["gating"]
+    assert summary["window"] == WINDOW and summary["last_window"]["decision"] == "reject"
+    assert summary["last_window"]["mean"] == pytest.approx(np.mean(values[-WINDOW:]), rel=1e-12)
+    # without window limits (a thresholds file written before them) each value is judged alone, with a note
+    old = tmp_path / "old.json"
+    from mismatch.admission.thresholds import DEFAULT_FILE
+
+    fields = json.loads(DEFAULT_FILE.read_text())
+    fields["limits"]["mismatch_kl"] = LIMIT  # the same number, so the two judgements differ only in how
+    del fields["window_limits"], fields["window_brackets"]
+    old.write_text(json.dumps(fields))
+    alone = monitor(log, thresholds=old, settings=MonitorSettings(patience=3))
+    assert alone.gating.window is None and any("no window limit" in n for n in alone.notes)
+    above = [v > LIMIT for v in values]
+    assert alone.gating.crossed_steps == [s for s, a in zip(range(1, 41), above) if a]
+
+
 def test_patience_counts_consecutive_logged_steps_above_the_limit(tmp_path):
+    # a log written every 10 steps: each trailing window holds one logged value, judged as it is
     lo, hi = 0.5 * LIMIT, 2 * LIMIT
     log = _series_log(tmp_path / "log.jsonl", [lo, hi, lo, hi, hi, hi, lo])
     # hand count: above at steps 20, 40, 50, 60; the first run of 3 ends at step 60
@@ -168,12 +217,21 @@ def test_a_rising_trend_below_the_limit_is_flagged_when_it_reaches_the_limit_wit
 
 
 def test_the_gates_of_a_real_trl_run_beyond_the_limit_cross(pair, tmp_path):
-    trainer = trl_trainer(pair, tmp_path / "out", steps=3, rollout="noise:1.0")
+    from scipy import stats
+
+    trainer = trl_trainer(pair, tmp_path / "out", steps=4, rollout="noise:1.0")
     trainer.train()
     trainer.save_state()
-    report = monitor(tmp_path / "out", settings=MonitorSettings(patience=3))
-    assert report.status == "crossed" and report.alarm_step == 3
-    assert all(v > LIMIT for v in report.gating.values)
+    report = monitor(tmp_path / "out", settings=MonitorSettings(patience=2))
+    values = report.gating.values.to_numpy()
+    assert all(v > LIMIT for v in values)
+    # a growing window: one value at step 1 (judged as it is), then t-intervals; t(1) at step 2 is too wide to
+    # place 2 values, so the alarm waits for the windows of 3 and 4 values, both wholly above the limit
+    for n in (3, 4):
+        low = values[:n].mean() - stats.t.ppf(0.975, n - 1) * values[:n].std(ddof=1) / np.sqrt(n)
+        assert low > LIMIT and report.gating.windows.loc[n, "decision"] == "fail"
+    assert report.gating.windows.loc[1, "decision"] == "fail"
+    assert report.status == "crossed" and report.alarm_step == 4
 
 
 @pytest.mark.parametrize("content, message", [

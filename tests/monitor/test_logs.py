@@ -42,20 +42,21 @@ def test_verls_infinite_kl_on_three_steps_crosses_and_is_counted(tmp_path, monke
     report = monitor(path, settings=MonitorSettings(patience=3))
     gate = report.gating
     assert gate.logged_as == "rollout_corr/kl" and list(gate.values.index) == [1, 2, 3, 4, 5]
-    assert gate.nonfinite_steps == [2, 3, 4] and gate.crossed_steps == [2, 3, 4]
+    # every trailing window that holds a non-finite value is above: steps 2–5 (step 5's window holds 2–4)
+    assert gate.nonfinite_steps == [2, 3, 4] and gate.crossed_steps == [2, 3, 4, 5]
     assert report.status == "crossed" and report.alarm_step == 4
     res = CliRunner().invoke(app, ["monitor", str(path)])
     assert res.exit_code == 1, res.output
-    assert "CROSSED" in res.output and "3/5 (3 not finite)" in res.output
+    assert "CROSSED" in res.output and "4/5 (3 not finite)" in res.output
     summary = json.loads(CliRunner().invoke(app, ["monitor", str(path), "--json"]).output,
                          parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert summary["gating"]["nonfinite_steps"] == [2, 3, 4] and summary["gating"]["crossed_steps"] == [2, 3, 4]
+    assert summary["gating"]["nonfinite_steps"] == [2, 3, 4] and summary["gating"]["crossed_steps"] == [2, 3, 4, 5]
+    assert summary["gating"]["last_window"]["mean"] == "nan"  # strict JSON: the window holds infinities
 
 
 def test_nan_among_values_is_kept_as_a_crossing_step(tmp_path):
     """A NaN in transformers' own `trainer_state.json` (TrainerState.save_to_json: json.dumps writes NaN): the
-    step is kept and counted above the limit (before: the step silently vanished, and the run of steps 2, 4, 5
-    around it made an alarm at step 5)."""
+    step is kept and makes every window holding it above the limit (before: the step silently vanished)."""
     from transformers.trainer_callback import TrainerState
 
     lo, hi = 0.5 * LIMIT, 2 * LIMIT
@@ -65,8 +66,9 @@ def test_nan_among_values_is_kept_as_a_crossing_step(tmp_path):
     assert "NaN" in (tmp_path / "trainer_state.json").read_text()
     report = monitor(tmp_path, settings=MonitorSettings(patience=3))
     assert list(report.gating.values.index) == [1, 2, 3, 4, 5, 6] and report.steps == 6
-    assert report.gating.nonfinite_steps == [3] and report.gating.crossed_steps == [2, 3, 4, 5]
-    assert report.alarm_step == 4 and report.gating.longest_run() == 4
+    # step 2's window (lo, hi) is uncertain at t(1); from step 3 on every window holds the NaN: above
+    assert report.gating.nonfinite_steps == [3] and report.gating.crossed_steps == [3, 4, 5, 6]
+    assert report.alarm_step == 5 and report.gating.longest_run() == 4
 
 
 def test_tensorboard_keeps_the_infinity_verl_logged(tmp_path):
@@ -79,7 +81,7 @@ def test_tensorboard_keeps_the_infinity_verl_logged(tmp_path):
         writer.add_scalar("rollout_corr/kl", v, step)
     writer.close()
     gate = monitor(tmp_path / "tb", settings=MonitorSettings(patience=1)).gating
-    assert gate.nonfinite_steps == [2, 3, 4] and gate.crossed_steps == [2, 3, 4]
+    assert gate.nonfinite_steps == [2, 3, 4] and gate.crossed_steps == [2, 3, 4, 5]  # 5's window holds them
     assert gate.values[2] == INF and gate.values[3] == -INF and math.isnan(gate.values[4])
 
 
