@@ -1,6 +1,7 @@
 """One-sided limits on a mismatch statistic: the split that best separates tolerated levels from the
 rest, the interval the data pin it to, and its confusion counts (`thresholds` fits the check's limits with
-them, `transfer` compares statistics across sources with them)."""
+them, `transfer` compares statistics across sources with them), and the leave-one-pair-out predictions both
+validate with."""
 
 from __future__ import annotations
 
@@ -57,3 +58,18 @@ def confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, i
     admit = x <= limit
     return {"admit_tolerated": int((admit & tolerated).sum()), "admit_not": int((admit & ~tolerated).sum()),
             "reject_tolerated": int((~admit & tolerated).sum()), "reject_not": int((~admit & ~tolerated).sum())}
+
+
+def held_out_predictions(points, statistic: str):
+    """Leave one pair out, each pair in turn: every level of `points` (a DataFrame with `pair`, `tolerated`
+    and the `statistic` column) of the held-out pair with the limit fitted on the other pairs (`limit`) and
+    whether it admits the level (`admitted`; False where the statistic is missing), beside its label."""
+    out = []
+    for pair in sorted(points["pair"].unique()):
+        train, test = points[points["pair"] != pair], points[points["pair"] == pair]
+        limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
+        out.append(test.assign(held_out=pair, limit=limit,
+                               admitted=test[statistic].to_numpy(dtype=float) <= limit))
+    import pandas as pd  # the caller holds a DataFrame: pandas is loaded
+
+    return pd.concat(out, ignore_index=True) if out else points.assign(held_out=[], limit=[], admitted=[])

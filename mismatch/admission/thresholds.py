@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, bracket, confusion, fit_limit
+from mismatch.admission.limits import (LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, bracket, confusion, fit_limit,
+                                       held_out_predictions)
 from mismatch.admission.transfer import WINDOW, drift_table, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
@@ -161,18 +162,6 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     points = points.assign(level=points["level"].map(str), decided=points["verdict"] != "uncertain",
                            tolerated=points["verdict"] == "tolerated")
     return points.reset_index(drop=True)
-
-
-def held_out_predictions(points: pd.DataFrame, statistic: str) -> pd.DataFrame:
-    """Leave one pair out, each pair in turn: every level of the held-out pair with the limit fitted on the
-    other pairs (`limit`) and whether it admits the level (`admitted`), beside its label (`tolerated`)."""
-    out = []
-    for pair in sorted(points["pair"].unique()):
-        train, test = points[points["pair"] != pair], points[points["pair"] == pair]
-        limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
-        out.append(test.assign(held_out=pair, limit=limit,
-                               admitted=test[statistic].to_numpy(dtype=float) <= limit))
-    return pd.concat(out, ignore_index=True) if out else points.assign(held_out=[], limit=[], admitted=[])
 
 
 def validate(points: pd.DataFrame, statistic: str) -> list[dict]:

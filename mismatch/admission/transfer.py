@@ -35,7 +35,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit
+from mismatch.admission.limits import LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, fit_limit, held_out_predictions
 from mismatch.rollout.spec import RolloutSpec
 
 WINDOW = 10  # update steps after the lag is full that the window statistics average
@@ -144,22 +144,27 @@ def level_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *
                          group=np.where(points["source"].isin(LAGGED_SOURCES), "lagged", "static")).reset_index(drop=True)
 
 
+def _record(admit: np.ndarray, tolerated: np.ndarray) -> dict[str, int]:
+    """How admitting `admit` scores against the labels, beside always admitting and always rejecting."""
+    return {"levels": len(admit), "right": int((admit == tolerated).sum()),
+            "wrong_admits": int((admit & ~tolerated).sum()), "wrong_rejects": int((~admit & tolerated).sum()),
+            "always_admit": int(tolerated.sum()), "always_reject": int((~tolerated).sum())}
+
+
 def _predict(train: pd.DataFrame, test: pd.DataFrame, statistic: str) -> dict[str, float]:
     """The limit fitted on `train`'s decided levels and its record on `test`'s (levels where the
-    statistic exists), beside always admitting and always rejecting."""
+    statistic exists)."""
     limit = fit_limit(train[statistic].to_numpy(dtype=float), train["tolerated"].to_numpy(dtype=bool))
     test = test[np.isfinite(test[statistic].to_numpy(dtype=float))]
     x, y = test[statistic].to_numpy(dtype=float), test["tolerated"].to_numpy(dtype=bool)
-    admit = x <= limit
-    return {"limit": limit, "levels": len(test), "right": int((admit == y).sum()),
-            "wrong_admits": int((admit & ~y).sum()), "wrong_rejects": int((~admit & y).sum()),
-            "always_admit": int(y.sum()), "always_reject": int((~y).sum())}
+    return {"limit": limit, **_record(x <= limit, y)}
 
 
 def transfer_table(points: pd.DataFrame, statistics: list[str] | None = None) -> pd.DataFrame:
     """Per candidate and scheme, the record of a limit on levels it was not fitted on: `static → lagged`,
-    `lagged → static`, `leave one pair out` (summed over the held-out pairs; `limit` NaN there) and, for
-    reference, `in sample` (fitted and scored on every decided level)."""
+    `lagged → static`, `leave one pair out` (`limits.held_out_predictions`, the thresholds' validation:
+    summed over the held-out pairs; `limit` NaN there) and, for reference, `in sample` (fitted and scored on
+    every decided level)."""
     decided = points[points["decided"]]
     out = []
     for s in statistics or [c for c in candidates() if c in decided and decided[c].notna().any()]:
@@ -168,11 +173,10 @@ def transfer_table(points: pd.DataFrame, statistics: list[str] | None = None) ->
                    ("in sample", decided, decided)]
         for name, train, test in schemes:
             out.append({"statistic": s, "scheme": name, **_predict(train, test, s)})
-        parts = [_predict(decided[decided["pair"] != p], decided[decided["pair"] == p], s)
-                 for p in sorted(decided["pair"].unique())]
-        total = {k: sum(part[k] for part in parts) for k in ("levels", "right", "wrong_admits", "wrong_rejects",
-                                                              "always_admit", "always_reject")}
-        out.append({"statistic": s, "scheme": "leave one pair out", "limit": math.nan, **total})
+        held = held_out_predictions(decided, s)
+        held = held[np.isfinite(held[s].to_numpy(dtype=float))]
+        out.append({"statistic": s, "scheme": "leave one pair out", "limit": math.nan,
+                    **_record(held["admitted"].to_numpy(dtype=bool), held["tolerated"].to_numpy(dtype=bool))})
     return pd.DataFrame(out)
 
 

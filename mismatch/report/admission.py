@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mismatch.admission.thresholds import (NotEnoughDataError, Thresholds, held_out_predictions, thresholds_from_rows,
-                                           validate)
+from mismatch.admission.limits import held_out_predictions
+from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows, validate
 from mismatch.errors import InputError
 from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
 from mismatch.analysis.tolerance import Analysis, analyse
