@@ -182,13 +182,16 @@ def transfer_table(points: pd.DataFrame, statistics: list[str] | None = None) ->
 
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
     """Candidates ordered by levels right across sources (both directions of `static ↔ lagged` summed),
-    then leave one pair out: `across_sources`, `across_sources_levels`, `lopo`, `lopo_levels`."""
+    then leave one pair out, ties in the table's order (`candidates()`: the check's own statistics first):
+    `across_sources`, `across_sources_levels`, `lopo`, `lopo_levels`."""
+    table = table if "statistic" in table.columns else table.reset_index()  # indexed by (statistic, scheme) too
     wide = table.pivot_table(index="statistic", columns="scheme", values=["right", "levels"], aggfunc="sum")
+    wide = wide.reindex(table["statistic"].unique())  # pivot_table sorts by name: back to the table's order
     both = ["static → lagged", "lagged → static"]
     frame = pd.DataFrame({"across_sources": wide["right"][both].sum(axis=1),
                           "across_sources_levels": wide["levels"][both].sum(axis=1),
                           "lopo": wide["right"]["leave one pair out"], "lopo_levels": wide["levels"]["leave one pair out"]})
-    return frame.sort_values(["across_sources", "lopo"], ascending=False)
+    return frame.sort_values(["across_sources", "lopo"], ascending=False, kind="stable")
 
 
 DRIFT_FLOOR = 0.01  # nats: a ratio's denominator below this is the estimator's noise, a tenth of the limits' scale
@@ -247,7 +250,10 @@ def transfer_markdown(points: pd.DataFrame, table: pd.DataFrame, *, window: int 
         lines.append(f"| `{s}` | " + " | ".join(cells) + " |")
     best = ranking(table)
     top = best.index[0]
-    lines += ["", f"Best across sources: `{top}` ({best.loc[top, 'across_sources']} of "
+    tied = best.index[(best["across_sources"] == best.loc[top, "across_sources"])
+                      & (best["lopo"] == best.loc[top, "lopo"])]
+    named = " and ".join(f"`{s}`" for s in tied) + (", tied" if len(tied) > 1 else "")
+    lines += ["", f"Best across sources: {named} ({best.loc[top, 'across_sources']} of "
               f"{best.loc[top, 'across_sources_levels']} levels right when fitted on the other group; "
               f"{best.loc[top, 'lopo']} of {best.loc[top, 'lopo_levels']} leaving one pair out)."]
     drift = drift_table(points)

@@ -158,3 +158,14 @@ def test_the_teacher_side_gap_is_the_copys_heldout_kl_over_the_students_or_the_l
     assert points.loc[("stale", "2"), GAP] == pytest.approx(2 * per_step)
     assert points.loc[("reuse", "3"), GAP] == pytest.approx(1 * per_step)
     assert math.isnan(points.loc[("noise", "0.1"), GAP])
+
+
+def test_a_tie_goes_to_the_candidate_listed_first_not_to_the_name_sorted_first():
+    schemes = ["static → lagged", "lagged → static", "leave one pair out", "in sample"]
+    rows = [{"statistic": s, "scheme": scheme, "right": right, "levels": 10}
+            for s, right in (("window:mismatch_kl", 7), ("window:mismatch_k3", 7), ("window:mismatch_chi2_token", 8))
+            for scheme in schemes]
+    table = pd.DataFrame(rows)  # the table's order: candidates(), mismatch_kl before mismatch_k3 ("k3" < "kl")
+    order = list(ranking(table).index)
+    assert order == ["window:mismatch_chi2_token", "window:mismatch_kl", "window:mismatch_k3"]
+    assert list(ranking(table.iloc[::-1]).index)[1:] == ["window:mismatch_k3", "window:mismatch_kl"]
