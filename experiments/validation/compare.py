@@ -30,8 +30,20 @@ CASES = [  # (the check's JSON, the rollout, the layer scope) as pre-registered 
     ("concise_int4_block0.json", "int4:group128", "0"),
     ("concise_int2_block5.json", "int2:group32", "5"),
 ]
+# the same copies checked again with the teacher (the window statistic decides), after the first look, before
+# the second: `<name>_window.json`
 AGREES = {("admit", "tolerated"): True, ("reject", "not tolerated"): True,
           ("admit", "not tolerated"): False, ("reject", "tolerated"): False}
+
+
+def _window_check(name: str, verdict: str) -> dict:
+    """The window decision of the same copy (`<name>_window.json`): its statistic, interval, limit, status and
+    whether the study's verdict agrees with it."""
+    admission = json.loads((ROOT / "experiments/admission_example" / name.replace(".json", "_window.json")).read_text())
+    (window,) = [d for d in admission["decisions"] if d["decides"] and "/window:" in d["metric"]]
+    return {"window_check": admission["status"], "window_mismatch_kl": window["value"],
+            "window_interval": [window["low"], window["high"]], "window_limit": window["limit"],
+            "window_agrees": AGREES.get((admission["status"], verdict))}
 
 
 def main() -> dict:
@@ -57,12 +69,14 @@ def main() -> dict:
             "acc_delta": float(lv["acc_delta"]), "acc_delta_hw": float(lv["acc_delta_hw"]),
             "first_step_mismatch_kl": float(lv["mismatch_kl"]),
             "agrees": AGREES.get((admission["status"], lv["verdict"])),  # None: the study did not decide
+            **_window_check(name, lv["verdict"]),
             "kept_up_by_means": bool(kept_up(level, tolerance=DEFAULT_TOLERANCE).iloc[0]),
         })
     result = {"pair": "smollm2-concise", "loss": "full-rkl", "lr": 3e-5, "steps": 40, "cases": out}
     (HERE / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
     for case in out:
-        verdict = {True: "agrees", False: "DISAGREES", None: "not decided by the study"}[case["agrees"]]
+        words = {True: "agrees", False: "DISAGREES", None: "not decided by the study"}
+        verdict = f"{words[case['agrees']]}; window check {case['window_check']}: {words[case['window_agrees']]}"
         print(f"{case['rollout']} on block {case['layers']}: check {case['check']} (mismatch_kl "
               f"{case['mismatch_kl']:.4f} [{case['mismatch_kl_interval'][0]:.4f}, {case['mismatch_kl_interval'][1]:.4f}]"
               f", limit {case['limit']:.4f}); study {case['study']} at {case['seeds']} seeds (KL ratio "
