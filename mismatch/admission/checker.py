@@ -319,7 +319,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
-    table, gates = _thresholds_and_gates(thresholds, presets)
+    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets)
+    gates = fitted_gates + named
     fitted = not isinstance(thresholds, dict)  # the first gate is the table's fitted limit
     if offload is None:
         offload = sum(p.nbytes for p in lm.model.parameters()) >= OFFLOAD_BYTES
@@ -333,8 +334,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     assumed = _pipeline_tokens(pipeline, used["tokens"], used["sequences"], "calibration responses'")
     if windowed:  # the window statistic decides; the first-step gates the thresholds fitted are shown beside it
         window = _measured_window(lm, name, teacher, table, static, layers, pipeline, cal, sample, say)
-        n_fitted = len(gates) - len(preset_gates(tuple(presets)))
-        decisions = [replace(d, decides=False) if i < n_fitted and spec is not None else d
+        decisions = [replace(d, decides=False) if i < len(fitted_gates) and spec is not None else d
                      for i, d in enumerate(decisions)]
         primary, lagged, drift = window[0], [window], (None, "")
     else:
@@ -483,11 +483,12 @@ def _loaded(model: str | LM, seed: int, dtype: str | torch.dtype = "fp32", devic
                                                                                    dtype=parse_dtype(dtype)))
 
 
-def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresholds, list[Gate]]:
-    """The resolved thresholds table (the fitted gate's and the lagged verdicts') and the gates to apply."""
+def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresholds, list[Gate], list[Gate]]:
+    """The resolved thresholds table (the fitted gate's and the lagged verdicts'), its gates (the fitted one,
+    or the limits given) and the practitioners' gates named by `presets` — applied in that order."""
     table = thresholds if isinstance(thresholds, Thresholds) else (
         load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
-    return table, resolve_gates(thresholds, table) + list(preset_gates(tuple(presets)))
+    return table, resolve_gates(thresholds, table), list(preset_gates(tuple(presets)))
 
 
 def _lagged(table: Thresholds, pipeline: Pipeline, tokens: float) -> list[tuple[Decision, str]]:
@@ -503,7 +504,8 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
-    table, gates = _thresholds_and_gates(thresholds, presets)
+    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets)
+    gates = fitted_gates + named
     say(f"scoring the rollouts of {dump}")
     scored = score_rollouts(lm, dump, clip=clip)
     tok = scored.per_token
