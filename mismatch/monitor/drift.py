@@ -1,23 +1,23 @@
 """The admission limit applied to a training run's own log, step by step: `monitor(path)`.
 
-A check before the run judges the pipeline's first steps; mismatch can grow during training (a drifting
-engine, a cache bug, weights that move into a region the rollout format handles worse). `monitor` reads the
-per-step statistics the run logged (`mismatch.monitor.logs`), maps each framework's name onto the calibrated
-statistic it is in the run's mode (`mismatch.monitor.names`: the mode from a framework config given, the
-config the log carries, or the toolkit's own), and judges the *gating* statistic — the thresholds file's
-primary (`mismatch_kl`), else the first of its calibrated statistics the log has — the way `check --teacher`
-judges a pipeline: the *window statistic*, the mean of the per-step values over a window of
-`Thresholds.window_steps` optimizer steps (the study's `window:` statistics, `mismatch.admission.transfer`),
-with its 95% t-interval over the window's logged values, against the window limit fitted on every source
-(`Thresholds.window_limits`). Here the window trails: at each logged step s, the steps `(s − W, s]` (from
-the log's first step while fewer have been logged: a short run is judged on what it has). A window is *above* when the check would reject it (its interval wholly above the limit); a
-window with one logged value (a log written every W steps or more sparsely) has no interval and is above when
+A check before the run judges the pipeline's first steps; mismatch can grow during training (a drifting engine, a
+cache bug, weights that move into a region the rollout format handles worse). `monitor` reads the per-step
+statistics the run logged (`mismatch.monitor.logs`), maps each framework's name onto the calibrated statistic it
+is in the run's mode (`mismatch.monitor.names`: the mode from a framework config given, the config the log
+carries, or the toolkit's own), and judges the *gating* statistic — the thresholds file's primary (`mismatch_kl`),
+else the first of its calibrated statistics the log has — the way `check --teacher` judges a pipeline: the *window
+statistic*, the mean of the per-step values over a window of `Thresholds.window_steps` optimizer steps (the
+study's `window:` statistics, `mismatch.admission.transfer`), with its 95% t-interval over the window's logged
+values, against the window limit fitted on every source (`Thresholds.window_limits`). Here the window trails: at
+each logged step s, the steps `(s − W, s]` (from the log's first step while fewer have been logged: a short run is
+judged on what it has). A window is *above* when the check would reject it (its interval wholly above the limit);
+a window with one logged value (a log written every W steps or more sparsely) has no interval and is above when
 its value is. The run is `crossed` when its windows are above on `patience` consecutive logged steps, else
-`within`. A logged value that is not finite (NaN, ±inf) makes its windows above: it is the loudest signal a
-log can give, and the count of such steps is reported. Every other calibrated statistic found is judged the
-same way against its own window limit, but does not decide; a limit the framework applied itself (NeMo RL's
-sequence gate) is judged as that framework does, value by value. A thresholds file without window limits
-(written before they were fitted) judges each logged value against the first-step limit instead, and says so.
+`within`. A logged value that is not finite (NaN, ±inf) makes its windows above: it is the loudest signal a log
+can give, and the count of such steps is reported. Every other calibrated statistic found is judged the same way
+against its own window limit, but does not decide; a limit the framework applied itself (NeMo RL's sequence gate)
+is judged as that framework does, value by value. A thresholds file without window limits (written before they
+were fitted) judges each logged value against the first-step limit instead, and says so.
 
 The window limit was fitted on the first window after a lag is full; a run's later windows are judged against
 it too, so drift since the start counts against the run (what a monitor is for).
@@ -28,10 +28,12 @@ values get a least-squares line (`Trend`: slope with its 95% t interval); a run 
 the slope's interval lies above 0 and the line reaches the limit within the run's planned steps
 (`total_steps`; default: the logged span once more).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +107,7 @@ class Statistic:
     caveat: str | None = None
     window: int | None = None
 
-    @property
+    @cached_property
     def windows(self) -> pd.DataFrame:
         """Per logged step `s`, its trailing window `(s − window, s]` (shorter at the start of the log): the
         number of logged values in it, their mean and 95% t-interval (`low`, `high`; the mean itself with one
@@ -113,10 +115,10 @@ class Statistic:
         cols = ["n", "mean", "low", "high", "decision"]
         if self.window is None:
             return pd.DataFrame(columns=cols)
-        steps, v = self.values.index.to_numpy(), self.values.to_numpy(dtype=float)
+        steps, v = self.values.index.to_numpy(), self.values.to_numpy(dtype=float)  # logged steps, increasing
         rows, index = [], []
-        for step in steps:
-            inside = v[(steps > step - self.window) & (steps <= step)]
+        for i, step in enumerate(steps):
+            inside = v[np.searchsorted(steps, step - self.window, side="right"):i + 1]
             if not np.isfinite(inside).all():
                 rows.append((len(inside), math.nan, math.nan, math.nan, Verdict.FAIL))
             else:
@@ -236,7 +238,8 @@ def _last_window(s: Statistic) -> dict | None:
         return None
     last = w.iloc[-1]
     return {"step": int(w.index[-1]), "values": int(last["n"]), "mean": _json_float(last["mean"]),
-            "interval": [_json_float(last["low"]), _json_float(last["high"])], "decision": Verdict(last["decision"]).word(ADMISSION_WORDS)}
+            "interval": [_json_float(last["low"]), _json_float(last["high"])],
+            "decision": Verdict(last["decision"]).word(ADMISSION_WORDS)}
 
 
 def _json_float(x: float) -> float | str:
