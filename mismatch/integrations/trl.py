@@ -275,6 +275,8 @@ class MismatchDistillationTrainer(DistillationTrainer):
 
     Attributes:
         rollout_copy: the `mismatch.rollout.copy.RolloutCopy` that samples (None with `rollout=None`).
+        gates: the `Gate`s the first batch is judged by; `later_gates`: those every later judgement (a window
+            of `gate_every` batches) is judged by.
         gate_records: every `GateRecord`, in order.
         last_rollout: the latest generation batch as a `mismatch.model.generate.Batch` (prompt and
             completion tokens, left-padded prompts) with `(logp_train_N, logp_rollout_N)` of its completion
