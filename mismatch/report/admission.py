@@ -42,6 +42,16 @@ def admission_markdown(t: Thresholds) -> str:
         lo, hi = t.brackets.get(s, [math.nan, math.nan])
         width = f"×{hi / lo:.2g}" if lo > 0 and hi == hi else "—"  # how far apart the decided levels around it lie
         lines.append(f"| {s}{' (default gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] | {width} |")
+    if t.window_limits:
+        lines += ["", "## Window limits (with a teacher: the check's deciding gate, `mismatch monitor`'s, the trainer's "
+                  "after its first batch)", "",
+                  f"Each statistic's mean over the {t.window_steps} update steps after the rollout lag is full, fitted "
+                  "on the decided levels of every source, lags included, outside the length ladder's rungs "
+                  "(admission_transfer.md compares them across sources).", "",
+                  "| statistic | window limit | pinned to |", "|---|---|---|"]
+        for s, limit in t.window_limits.items():
+            lo, hi = t.window_brackets.get(s, [math.nan, math.nan])
+            lines.append(f"| {s}{' (deciding gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] |")
     lines += ["", "## Levels", "",
               f"| pair | source | level | seeds | {t.primary} | Δ accuracy (pts) | KL ratio | verdict | label |",
               "|---|---|---|---|---|---|---|---|---|"]

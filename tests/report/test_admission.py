@@ -49,6 +49,11 @@ def test_the_drift_margin_section_counts_the_decided_levels_it_would_make_uncert
     text = admission_markdown(t)
     assert "| format | 6 | 0.9 | 1.8 | 0.5 | 0.05 | 1 | 1 |" in text
     assert "## Drift margin" not in admission_markdown(Thresholds(**{**t.__dict__, "drift": {}}))
+    # the window limits, what decides with a teacher, are written beside the first-step ones when fitted
+    assert "## Window limits" not in text
+    windowed = admission_markdown(Thresholds(**{**t.__dict__, "window_limits": {"mismatch_kl": 0.0731},
+                                                "window_brackets": {"mismatch_kl": [0.07, 0.0763]}}))
+    assert "| mismatch_kl (deciding gate) | 0.0731 | [0.07, 0.0763] |" in windowed
 
 
 def test_leaving_one_pair_out_on_the_kl_ratio_alone_relabels_levels_an_accuracy_criterion_failed():
