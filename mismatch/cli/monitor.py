@@ -29,8 +29,9 @@ def monitor(
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step: at each logged
     step, the mean of the gating statistic over the last window of steps (the check's window statistic) against
-    the window limit. Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising (below the limit, but
-    its trend's slope is positive at 95% and reaches the limit within the run's steps), 2 error."""
+    the window limit. Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising
+    (below the limit, but its trend's slope is positive at 95% and reaches the limit within the run's steps),
+    2 error."""
     early(files=(("no log at {path}", log), ("thresholds file not found: {path}", thresholds),
                  ("no framework config at {path}", framework_config)))
     from mismatch import monitor as monitor_lib

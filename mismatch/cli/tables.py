@@ -269,9 +269,10 @@ def _last_window(stat) -> str:
 
 def monitor_table(report) -> Table:
     """A training log judged: each calibrated statistic (the gating one first) with its last and largest
-    value, its last trailing window (mean and interval: what is judged), limit, steps above it (those not finite among them: they count as above) and the longest run of
-    them, then the framework's own gates; below, the caveats, the non-finite steps, the modes the names were
-    read in, the known names that are not comparable, and what the reading left out."""
+    value, its last trailing window (mean and interval: what is judged), limit, steps above it (those not
+    finite among them: they count as above) and the longest run of them, then the framework's own gates;
+    below, the caveats, the non-finite steps, the modes the names were read in, the known names that are not
+    comparable, and what the reading left out."""
     alarm = f", alarm at step {report.alarm_step}" if report.alarm_step is not None else ""
     nonfinite = report.gating.nonfinite_steps
     title = (f"{report.path} ({report.format}, {report.steps} logged steps): {report.status.upper()}{alarm} "
