@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 
 STATISTICS = ("mismatch_kl", "mismatch_k3", "mismatch_logp_abs_diff_mean", "mismatch_chi2_token",
               "mismatch_is_ratio_outside_frac")
@@ -60,7 +61,7 @@ def confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, i
             "reject_tolerated": int((~admit & tolerated).sum()), "reject_not": int((~admit & ~tolerated).sum())}
 
 
-def held_out_predictions(points, statistic: str):
+def held_out_predictions(points: pd.DataFrame, statistic: str) -> pd.DataFrame:
     """Leave one pair out, each pair in turn: every level of `points` (a DataFrame with `pair`, `tolerated`
     and the `statistic` column) of the held-out pair with the limit fitted on the other pairs (`limit`) and
     whether it admits the level (`admitted`; False where the statistic is missing), beside its label."""
@@ -70,6 +71,4 @@ def held_out_predictions(points, statistic: str):
         limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
         out.append(test.assign(held_out=pair, limit=limit,
                                admitted=test[statistic].to_numpy(dtype=float) <= limit))
-    import pandas as pd  # the caller holds a DataFrame: pandas is loaded
-
     return pd.concat(out, ignore_index=True) if out else points.assign(held_out=[], limit=[], admitted=[])

@@ -232,7 +232,8 @@ class MonitorReport:
 
 
 def _last_window(s: Statistic) -> dict | None:
-    """The statistic's last full window: its logged values, mean, interval and the check's verdict of it."""
+    """The statistic's last trailing window (shorter than `window` steps on a log that is): its logged values,
+    mean, interval and the check's verdict of it; None without a window."""
     w = s.windows
     if w.empty:
         return None
