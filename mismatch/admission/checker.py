@@ -210,16 +210,17 @@ def _measured_window(lm: LM, name: str, teacher: str | LM, thresholds: Threshold
     primary = thresholds.primary
     value, low, high = lag.statistics[primary]
     gate = next(iter(window_gates(thresholds)), None)
-    limit = gate.limit if gate is not None else math.nan
-    verdict = decide(value, low, high, limit) if gate is not None else Verdict.UNCERTAIN
+    if gate is not None:
+        limit, source, verdict, missing = gate.limit, gate.source, decide(value, low, high, gate.limit), ""
+    else:
+        limit, source, verdict = math.nan, f"no window limit ({thresholds.fitted_on})", Verdict.UNCERTAIN
+        missing = "; the thresholds hold no window limit: uncertain"
     decision = Decision(metric=f"measured/{label}/window:{primary}", value=value, low=low, high=high, limit=limit,
-                        source=gate.source if gate is not None else f"no window limit ({thresholds.fitted_on})",
-                        verdict=verdict)
+                        source=source, verdict=verdict)
     first, last = lag.window
     note = (f"{label} measured on this checkpoint: {lag.steps} OPD steps against {teacher_lm.name} at "
             f"{pipeline.trainer.describe()} (constant rate), {primary} averaged over steps {first}–{last}: "
-            f"{value:.4g} [{low:.4g}, {high:.4g}]" + ("" if not math.isnan(limit) else
-                                                      "; the thresholds hold no window limit: uncertain"))
+            f"{value:.4g} [{low:.4g}, {high:.4g}]{missing}")
     if static != NO_COPY:
         note += ("; the window statistic decides (it transfers across sources, reports/admission_transfer.md): "
                  "the first-step gate is shown, not deciding, and the window's steps already hold the early drift")

@@ -260,9 +260,9 @@ def score_table(result) -> Table:
 
 def _last_window(stat) -> str:
     """The statistic's last trailing window: mean [interval] over its logged values (— without a window)."""
-    if stat.window is None:
+    w = stat.last_window
+    if w is None:
         return "—"
-    w = stat.windows.iloc[-1]
     interval = f" [{w['low']:.3g}, {w['high']:.3g}]" if w["n"] > 1 else " (1 value)"
     return f"{w['mean']:.4g}{interval} over {stat.window} steps"
 

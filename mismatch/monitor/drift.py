@@ -129,6 +129,12 @@ class Statistic:
         return pd.DataFrame(rows, columns=cols, index=pd.Index(index, name=STEP))
 
     @property
+    def last_window(self) -> pd.Series | None:
+        """The last row of `windows` (its step as the row's `name`; shorter than `window` steps on a log that
+        is): what the summary and the table show; None without a window."""
+        return None if self.windows.empty else self.windows.iloc[-1]
+
+    @property
     def above(self) -> pd.Series:
         """Per logged step: the value judged there (the trailing window's, or the value itself) lies above
         the limit, or is not finite."""
@@ -232,13 +238,11 @@ class MonitorReport:
 
 
 def _last_window(s: Statistic) -> dict | None:
-    """The statistic's last trailing window (shorter than `window` steps on a log that is): its logged values,
-    mean, interval and the check's verdict of it; None without a window."""
-    w = s.windows
-    if w.empty:
+    """`s.last_window` as JSON: its step, logged values, mean, interval and the check's verdict of it."""
+    last = s.last_window
+    if last is None:
         return None
-    last = w.iloc[-1]
-    return {"step": int(w.index[-1]), "values": int(last["n"]), "mean": _json_float(last["mean"]),
+    return {"step": int(last.name), "values": int(last["n"]), "mean": _json_float(last["mean"]),
             "interval": [_json_float(last["low"]), _json_float(last["high"])],
             "decision": Verdict(last["decision"]).word(ADMISSION_WORDS)}
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from mismatch.admission.limits import held_out_predictions
-from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows, validate
+from mismatch.admission.thresholds import NotEnoughDataError, Thresholds, thresholds_from_rows
 from mismatch.errors import InputError
 from mismatch.admission.transfer import level_points, transfer_markdown, transfer_table
 from mismatch.analysis.tolerance import Analysis, analyse
@@ -136,7 +136,10 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
     kl = kl.assign(tolerated=kl["kl_verdict"] == "tolerated")
     if kl["pair"].nunique() < 2:
         return []
-    per_pair = validate(kl, t.primary)
+    held = held_out_predictions(kl, t.primary)
+    held = held.assign(right=held["admitted"] == held["tolerated"])
+    per_pair = held.groupby("held_out", sort=True).agg(limit=("limit", "first"), levels=("right", "size"),
+                                                        right=("right", "sum"), tolerated=("tolerated", "sum"))
     lines = ["", f"### {t.primary} leaving one pair out, labelled by the KL ratio alone", "",
              "A level's label above is its verdict on both criteria where its pair has a task accuracy (the synthetic "
              "pairs), on the KL ratio alone where it has none. Here every level is labelled by its KL-ratio verdict "
@@ -144,13 +147,10 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
              "fitted on the other pairs' so labelled.", "",
              "| held-out pair | limit without it | levels | right | always admit | always reject |",
              "|---|---|---|---|---|---|"]
-    for v in per_pair:
-        tol = v["admit_tolerated"] + v["reject_tolerated"]
-        lines.append(f"| {v['held_out']} | {v['limit']:.3g} | {v['levels']} | {v['admit_tolerated'] + v['reject_not']} | "
-                     f"{tol} | {v['levels'] - tol} |")
-    right = sum(v["admit_tolerated"] + v["reject_not"] for v in per_pair)
-    tol = sum(v["admit_tolerated"] + v["reject_tolerated"] for v in per_pair)
-    n = sum(v["levels"] for v in per_pair)
+    for v in per_pair.itertuples():  # keeps each column's dtype (counts stay integers)
+        lines.append(f"| {v.Index} | {v.limit:.3g} | {v.levels} | {v.right} | {v.tolerated} | "
+                     f"{v.levels - v.tolerated} |")
+    right, tol, n = int(held["right"].sum()), int(held["tolerated"].sum()), len(held)
     lines += ["", f"On the KL ratio alone: {right} of {n} held-out levels predicted right; always admitting "
               f"gets {tol}, always rejecting {n - tol}." + (" No better than always admitting." if right <= tol else "")]
     return lines
