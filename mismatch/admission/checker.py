@@ -341,7 +341,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     else:
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
-    length = _length_margin(table, primary, assumed) if fitted else (None, "")
+    fitted_at = (table.window_response_tokens or table.response_tokens) if windowed else table.response_tokens
+    length = _length_margin(table, primary, assumed, fitted_at) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
                           status=overall(decisions), metrics=metrics, decisions=decisions,
@@ -429,14 +430,17 @@ def _exponent(b: float | None, side: int) -> str:
     return f"{b:+.2f}" if b is not None and math.isfinite(b) else ("+∞" if side > 0 else "−∞")
 
 
-def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str]) -> tuple[Decision | None, str]:
+def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], fitted_at: list[float]
+                   ) -> tuple[Decision | None, str]:
     """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
-    window the limits were fitted in, the gate again with the scaled limit — admit below it, else uncertain (never
-    a reject of its own: rejecting is the fitted gate's). The note always says which length was assumed."""
+    window of lengths its limit was fitted at (`fitted_at`: `Thresholds.response_tokens` for the first-step limits,
+    `window_response_tokens` for the window's), the gate again with the scaled limit — admit below it, else
+    uncertain (never a reject of its own: rejecting is the fitted gate's). The note always says which length was
+    assumed."""
     tokens, origin = assumed
-    if len(table.response_tokens) != 2 or math.isnan(tokens):
+    if len(fitted_at) != 2 or math.isnan(tokens):
         return None, ""
-    low, high = table.response_tokens
+    low, high = fitted_at
     factor, b = length_factor(tokens, (low, high), table.length_law)
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
     if _within(tokens, (low, high)):
@@ -517,7 +521,7 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    length = _length_margin(table, decisions[0], dumped) if fitted else (None, "")
+    length = _length_margin(table, decisions[0], dumped, table.response_tokens) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
              *(n for _, n in (drift, length, *lagged) if n)]

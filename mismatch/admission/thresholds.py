@@ -66,9 +66,12 @@ class Thresholds:
     window_limits: dict[str, float] = field(default_factory=dict)
     window_brackets: dict[str, list[float]] = field(default_factory=dict)
     window_steps: int = WINDOW
-    # the mean response lengths (tokens) of the decided levels the limits rest on, [shortest, longest]: the
-    # limits are per token at those lengths (how they scale with length: the study's length ladder, to come)
+    # the mean response lengths (tokens) of the decided levels the first-step limits rest on, [shortest, longest]:
+    # the limits are per token at those lengths (how they scale with length: `length_law`);
+    # `window_response_tokens` the same for the window limits' levels (lagged sources too; empty in a file
+    # written before it, where the check falls back to `response_tokens`)
     response_tokens: list[float] = field(default_factory=list)
+    window_response_tokens: list[float] = field(default_factory=list)
     # per static source, how the primary statistic moved in the study's runs (`transfer.drift_table`: the
     # in-training peak over the first step's value, `levels`, `median`, `largest`) and the `margin` the
     # check lowers the fitted limit by (median / largest): the limit absorbed the median drift, not the worst
@@ -254,8 +257,16 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),
                       validation=validation, lagged=lagged_verdicts(levels), provenance=provenance,
                       window_limits=window, window_brackets=window_brackets, drift=drift,
-                      response_tokens=[float(every["response_tokens"].min()), float(every["response_tokens"].max())],
+                      response_tokens=_span(decided["response_tokens"]),
+                      window_response_tokens=_span(every.loc[every[f"window:{PRIMARY}"].notna(), "response_tokens"]
+                                                   if f"window:{PRIMARY}" in every else every["response_tokens"][:0]),
                       length_law=length)
+
+
+def _span(tokens: pd.Series) -> list[float]:
+    """[shortest, longest] mean response length of the levels a limit rests on; empty without any."""
+    tokens = tokens.dropna()
+    return [float(tokens.min()), float(tokens.max())] if len(tokens) else []
 
 
 def _finite(x: float) -> float:

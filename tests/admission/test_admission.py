@@ -232,6 +232,30 @@ def test_a_lag_is_measured_on_the_checkpoint_with_a_teacher_and_the_weights_are_
     assert abs(still.decisions[-1].value) < 1e-5 and still.decisions[-1].status == "admit"
 
 
+def test_each_gate_is_scaled_from_the_lengths_its_own_limit_was_fitted_at():
+    """The window gate's length margin uses the window limit's lengths (`window_response_tokens`), the first-step
+    gate's the first-step limits' (`response_tokens`); a thresholds file without the former falls back to the
+    latter."""
+    lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
+    table = _thresholds(1.0, LAGGED)
+    table.window_limits = {"mismatch_kl": 0.5}
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
+    kwargs = dict(calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=1e-30)), thresholds=table, seed=4)
+    mean = (lambda c: c["tokens"] / c["sequences"])(check(lm, "stale:2", teacher=teacher, **kwargs).calibration)
+    assert mean > 2
+    table.response_tokens, table.window_response_tokens = [mean / 2, mean], [0.5, 1.0]  # the window's end at 2
+    windowed = check(lm, "stale:2", teacher=teacher, **kwargs)
+    (d,) = [d for d in windowed.decisions if d.metric.startswith("length/")]
+    assert d.metric == "length/measured/stale:2/window:mismatch_kl" and d.limit == pytest.approx(0.5 * 2 / mean)
+    first_step = check(lm, "noise:0", **kwargs)  # no teacher: the first-step gate, fitted within 2x of the mean
+    assert not [d for d in first_step.decisions if d.metric.startswith("length/")]
+    assert any("within 2x" in n for n in first_step.notes)
+    table.window_response_tokens = []  # an older file: the first-step lengths
+    older = check(lm, "stale:2", teacher=teacher, **kwargs)
+    assert not [d for d in older.decisions if d.metric.startswith("length/")]
+    assert any("within 2x" in n for n in older.notes)
+
+
 def test_a_lag_is_measured_in_the_trainers_precision():
     """A bf16 checkpoint's lag is measured as a bf16 trainer runs it (`OPDConfig.ref_dtype`: fp32 masters under
     the bf16 weights, the teacher in bf16): the value is the window's mean of what `opd.train` logs for the same

@@ -116,6 +116,26 @@ def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_o
     assert back.drift == t.drift
 
 
+def test_each_limit_keeps_the_response_lengths_of_the_levels_it_rests_on(monkeypatch, tmp_path):
+    """The first-step limits rest on the static levels (10 tokens a response here), the window limit on every
+    decided level with a window value, the lag's too (2 tokens): `response_tokens` [10, 10],
+    `window_response_tokens` [2, 10]; both survive the JSON round trip."""
+    import tests.admission.test_thresholds as here
+
+    def run(config, acc, first_kl):
+        stale = config.rollout.startswith("stale")  # its window (steps 3–12 after a lag of 2) holds step 3
+        kl = {1: 0.0, 2: 0.0, 3: 0.5} if stale else {1: first_kl, 2: 5 * first_kl}
+        tokens = (2.0 if stale else 10.0) * config.batch_size  # the "tokens" metric: a batch's response tokens
+        return opd_rows(config, {"heldout_rkl": {0: 2.0, 2: 1.0}, "heldout_expected_accuracy": {2: acc},
+                                 "mismatch_kl": kl, "tokens": {s: tokens for s in kl}})
+
+    monkeypatch.setattr(here, "_run", run)
+    t = thresholds_from_rows(study_rows(), sources=["hand-made"])
+    assert t.response_tokens == [10.0, 10.0] and t.window_response_tokens == [2.0, 10.0]
+    back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
+    assert back.response_tokens == t.response_tokens and back.window_response_tokens == t.window_response_tokens
+
+
 def test_validate_on_points_counts_by_hand():
     points = pd.DataFrame({"pair": ["a", "a", "b", "b"], "s": [0.1, 1.0, 0.2, 0.5],
                            "tolerated": [True, False, True, False]})
