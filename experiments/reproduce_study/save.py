@@ -1,7 +1,8 @@
 """The finished part of a timed `make reproduce-study` (README.md here) into git: the results folder's files of the
 OPD runs its ledger records as done, their ledger entries and the shared initial-evaluation cache, copied into
 experiments/reproduce_study/data/ (what restore.sh puts back on another machine). A run stopped mid-way is left
-out: the next part runs it again.
+out: the next part runs it again. The loss study's runs are committed already, compacted
+(experiments/study_data/loss.parquet and ledger/, from part 1): they are not copied twice.
 
     .venv/bin/python experiments/reproduce_study/save.py results/e2e/paper
 """
@@ -16,10 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "study_data"))
 from compact import finished_runs  # noqa: E402  (the study data's own notion of a finished run)
 
 DATA = Path(__file__).resolve().parent / "data"
+COMPACTED = Path(__file__).resolve().parents[1] / "study_data" / "loss.parquet"
 
 
 def save(results: Path) -> int:
-    done = finished_runs(results)
+    import pyarrow.parquet as pq
+
+    done = finished_runs(results) - set(pq.read_table(COMPACTED, columns=["run_id"]).column("run_id").to_pylist())
     (DATA / "_sweep").mkdir(parents=True, exist_ok=True)
     copied = 0
     for part in results.glob("*.parquet"):  # <time>-opd-<run id>-<writer>-<chunk>.parquet
@@ -28,7 +32,8 @@ def save(results: Path) -> int:
             shutil.copy2(part, DATA / part.name)
             copied += 1
     for ledger in (results / "_sweep").glob("*.json"):
-        if json.loads(ledger.read_text()).get("status") == "done":
+        record = json.loads(ledger.read_text())
+        if record.get("status") == "done" and not (COMPACTED.parent / "ledger" / ledger.name).exists():
             shutil.copy2(ledger, DATA / "_sweep" / ledger.name)
     if (results / "_cache").is_dir():
         shutil.copytree(results / "_cache", DATA / "_cache", dirs_exist_ok=True)

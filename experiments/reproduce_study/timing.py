@@ -8,12 +8,14 @@ PARTS_LOG holds the lines `e2e.sh` writes: `part start <iso> <epoch> git <sha> c
 ran to the end, `part end <iso> <epoch> rc <code>`. A task's finishing time is its ledger entry's
 modification time (`<RESULTS_DIR>/_sweep/<task>.json`, written when the task is done). `--before`: the parts
 timed in earlier sessions (this script's `--out` then; a session on a new machine restores their runs from git,
-so their files' times say nothing): listed first and summed in.
+so their files' times say nothing): listed first and summed in; a part the log holds too is replaced by the
+log's (running the script twice counts nothing twice).
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -41,7 +43,8 @@ def tasks(results: Path) -> list[dict]:
 
 def timing(results: Path, log: Path, before: list[dict] = ()) -> dict:
     runs, done = parts(log), tasks(results)
-    rows = [dict(r) for r in before]
+    here = {time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["start"])) for r in runs}
+    rows = [dict(r) for r in before if r["started"] not in here]  # a part timed again replaces its earlier record
     since = runs[0]["start"] if runs else float("inf")  # the tasks this log's parts finished
     done_here = [t for t in done if t["finished"] >= since]
     for i, part in enumerate(runs):
@@ -49,7 +52,7 @@ def timing(results: Path, log: Path, before: list[dict] = ()) -> dict:
         mine = [t for t in done if part["start"] <= t["finished"] < until]
         last = max((t["finished"] for t in mine), default=part["start"])
         wall = (part["end"] if part["end"] is not None else last) - part["start"]
-        rows.append({"part": len(before) + i + 1, "started": part["started"], "git": part["git"], "cpu": part["cpu"],
+        rows.append({"part": len(rows) + 1, "started": part["started"], "git": part["git"], "cpu": part["cpu"],
                      "ran_to_the_end": part["end"] is not None, "rc": part["rc"], "wall_s": round(wall, 1),
                      "tasks": len(mine), "task_s": round(sum(t["seconds"] for t in mine), 1)})
     return {"parts": rows, "wall_s": round(sum(r["wall_s"] for r in rows), 1),
