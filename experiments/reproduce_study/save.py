@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "study_data"))
 from compact import finished_runs  # noqa: E402  (the study data's own notion of a finished run)
 
@@ -21,8 +23,6 @@ COMPACTED = Path(__file__).resolve().parents[1] / "study_data" / "loss.parquet"
 
 
 def save(results: Path) -> int:
-    import pyarrow.parquet as pq
-
     done = finished_runs(results) - set(pq.read_table(COMPACTED, columns=["run_id"]).column("run_id").to_pylist())
     (DATA / "_sweep").mkdir(parents=True, exist_ok=True)
     copied = 0

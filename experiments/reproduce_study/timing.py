@@ -1,10 +1,10 @@
 """`make reproduce-study` timed end to end, in parts: each part's wall clock from its start to the last task
 it finished (a part stopped mid-task loses that task, which the next part runs again), the tasks each part
-finished and their summed task time, beside what is left of the study by the sweep's plan.
+finished and their summed task time.
 
     python experiments/reproduce_study/timing.py RESULTS_DIR PARTS_LOG [--before timing.json] [--out timing.json]
 
-PARTS_LOG holds the lines `e2e.sh` writes: `part start <iso> <epoch> git <sha> cpu <model>` and, where a part
+PARTS_LOG holds the lines run_part.sh writes (and stop_part.sh's `part stopped`, ignored here): `part start <iso> <epoch> git <sha> cpu <model>` and, where a part
 ran to the end, `part end <iso> <epoch> rc <code>`. A task's finishing time is its ledger entry's
 modification time (`<RESULTS_DIR>/_sweep/<task>.json`, written when the task is done). `--before`: the parts
 timed in earlier sessions (this script's `--out` then; a session on a new machine restores their runs from git,
@@ -63,7 +63,8 @@ def timing(results: Path, log: Path, before: list[dict] = ()) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print("usage: " + next(line.strip() for line in __doc__.splitlines() if "timing.py RESULTS_DIR" in line),
+              file=sys.stderr)
         return 2
     before = json.loads(Path(argv[argv.index("--before") + 1]).read_text())["parts"] if "--before" in argv else []
     got = timing(Path(argv[0]), Path(argv[1]), before)
