@@ -26,7 +26,7 @@ def save(results: Path) -> int:
     done = finished_runs(results) - set(pq.read_table(COMPACTED, columns=["run_id"]).column("run_id").to_pylist())
     (DATA / "_sweep").mkdir(parents=True, exist_ok=True)
     copied = 0
-    for part in results.glob("*.parquet"):  # <time>-opd-<run id>-<writer>-<chunk>.parquet
+    for part in results.glob("*-*.parquet"):  # <time>-opd-<run id>-<writer>-<chunk>.parquet (not restore.sh's loss.parquet)
         kind, rid = part.name.split("-")[1:3]
         if kind == "opd" and rid in done and not (DATA / part.name).exists():
             shutil.copy2(part, DATA / part.name)
