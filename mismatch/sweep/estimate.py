@@ -7,7 +7,8 @@ eval_s` (held-out sampled and greedy responses, with the run's set-up folded in)
 per pair — and per response cap (`max_new_tokens`) where runs set one, since a step's cost grows with the
 responses it samples and scores — and per reference model (`fit_costs`) from a finished sweep — its ledger's seconds and its
 rows — never guessed: the package ships those measured by `sweeps/paper.toml` on the 2-core machine
-here with one torch thread per task (`mismatch/data/sweep_costs.json`), and a results directory that
+here with one torch thread per task (`mismatch/data/sweep_costs.json`; the SmolLM2 pairs' from the timed parts
+of `make reproduce-study`, its `provenance` says), and a results directory that
 already holds runs adds its own. A pair or model never measured gets no estimate (NaN).
 """
 
