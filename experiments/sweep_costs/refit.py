@@ -10,8 +10,8 @@ added to the file's `provenance`.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from mismatch.sweep.estimate import COSTS_FILE, fit_costs
@@ -21,14 +21,14 @@ PACKAGED = Path(__file__).resolve().parents[2] / "mismatch" / "data" / COSTS_FIL
 
 def refit(folders: list[Path], pairs: list[str]) -> dict:
     costs = json.loads(PACKAGED.read_text())
-    fits = [(folder, fit_costs(folder)["opd"]) for folder in folders]
+    fits = [fit_costs(folder)["opd"] for folder in folders]
     for pair in pairs:
-        mine = [(folder, fit[pair]) for folder, fit in fits if pair in fit]
+        mine = [fit[pair] for fit in fits if pair in fit]
         if not mine:
             raise SystemExit(f"no finished run of {pair} in {', '.join(map(str, folders))}")
-        merged = {k: v for k, v in mine[0][1].items() if k != "by_length"}
+        merged = {k: v for k, v in mine[0].items() if k != "by_length"}
         by_length: dict[str, dict] = {}
-        for _, fit in mine:
+        for fit in mine:
             for cap, c in fit.get("by_length", {}).items():
                 by_length.setdefault(cap, c)
         costs["opd"][pair] = {**merged, **({"by_length": by_length} if by_length else {})}
@@ -36,14 +36,14 @@ def refit(folders: list[Path], pairs: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if "--pairs" not in args or "--note" not in args or args.index("--pairs") == 0:
-        raise SystemExit("usage: " + __doc__.strip().splitlines()[3].strip())
-    at, note = args.index("--pairs"), args.index("--note")
-    pairs = args[at + 1:note] if note > at else args[at + 1:]
-    got = refit([Path(a) for a in args[:min(at, note)]], pairs)
-    got["provenance"] = f"{got['provenance']}; {', '.join(pairs)}: {args[note + 1]}"
+    parser = argparse.ArgumentParser(description="Refit the packaged OPD cost coefficients of some pairs.")
+    parser.add_argument("folders", nargs="+", type=Path, help="results folders of finished sweeps")
+    parser.add_argument("--pairs", nargs="+", required=True, help="the pairs to refit")
+    parser.add_argument("--note", required=True, help="where the runs came from, added to the provenance")
+    args = parser.parse_args()
+    got = refit(args.folders, args.pairs)
+    got["provenance"] = f"{got['provenance']}; {', '.join(args.pairs)}: {args.note}"
     PACKAGED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    for pair in pairs:
+    for pair in args.pairs:
         c = got["opd"][pair]
         print(f"{pair}: train_s {c['train_s']:.3f}, eval_s {c['eval_s']:.3f}, caps {sorted(c.get('by_length', {}))}")
