@@ -13,8 +13,8 @@ log's (running the script twice counts nothing twice).
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -61,13 +61,15 @@ def timing(results: Path, log: Path, before: list[dict] = ()) -> dict:
             "finished": bool(rows) and rows[-1]["ran_to_the_end"] and rows[-1]["rc"] == 0}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print("usage: " + next(line.strip() for line in __doc__.splitlines() if "timing.py RESULTS_DIR" in line),
-              file=sys.stderr)
-        return 2
-    before = json.loads(Path(argv[argv.index("--before") + 1]).read_text())["parts"] if "--before" in argv else []
-    got = timing(Path(argv[0]), Path(argv[1]), before)
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Time `make reproduce-study`'s parts from their log and ledger.")
+    parser.add_argument("results", type=Path, help="the results folder the parts ran into")
+    parser.add_argument("log", type=Path, help="the parts' log (run_part.sh's lines)")
+    parser.add_argument("--before", type=Path, help="the parts timed in earlier sessions (an earlier --out)")
+    parser.add_argument("--out", type=Path, help="write the timing here (JSON)")
+    args = parser.parse_args()
+    before = json.loads(args.before.read_text())["parts"] if args.before else []
+    got = timing(args.results, args.log, before)
     for r in got["parts"]:
         print(f"part {r['part']} ({r['started']}, {r['git']}, {r['cpu'] or 'cpu ?'}): {r['wall_s'] / 3600:.2f} h wall, "
               f"{r['tasks']} tasks ({r['task_s'] / 3600:.2f} task-hours)"
@@ -75,10 +77,10 @@ def main(argv: list[str]) -> int:
     state = "finished" if got["finished"] else "not finished"
     print(f"{state}: {got['wall_s'] / 3600:.2f} h wall over {len(got['parts'])} parts, {got['tasks']} tasks, "
           f"{got['task_s'] / 3600:.2f} task-hours")
-    if "--out" in argv:
-        Path(argv[argv.index("--out") + 1]).write_text(json.dumps(got, indent=1) + "\n")
+    if args.out:
+        args.out.write_text(json.dumps(got, indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

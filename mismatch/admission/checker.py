@@ -8,7 +8,8 @@ mismatch statistics of those sampled tokens with limits:
 * the fitted limits (`mismatch.admission.thresholds`, shipped in `mismatch/data/admission_thresholds.json`,
   fitted on the committed study, `experiments/study_data`, by `make thresholds`): the statistic the
   study's OPD runs measured on their first rollouts, where tolerated and not-tolerated configurations
-  separated;
+  separated — the limit fitted on the levels of the trainer's loss (`Pipeline.trainer.loss`) where the study
+  fitted one, else the one pooled over losses (`Thresholds.for_loss`);
 * optionally the gates practitioners use (`mismatch.admission.gates.PRESETS`: verl, slime, NeMo RL).
 
 Each gated statistic carries a 95% interval from a bootstrap over the calibration sequences: a gate
@@ -320,7 +321,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     use_chat = calibration.chat if calibration.chat is not None else cal.chat if cal.chat is not None else bool(
         getattr(lm.tokenizer, "chat_template", None))
     new_tokens = response_budget(lm, cal, use_chat, wanted_tokens(calibration.max_new_tokens, cal))
-    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets)
+    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets, pipeline.trainer.loss)
     gates = fitted_gates + named
     fitted = not isinstance(thresholds, dict)  # the first gate is the table's fitted limit
     if offload is None:
@@ -341,7 +342,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     else:
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
-    fitted_at = (table.window_response_tokens or table.response_tokens) if windowed else table.response_tokens
+    fitted_at = ((table.window_response_tokens or table.response_tokens) if windowed
+                else table.for_loss(pipeline.trainer.loss)[2])
     length = _length_margin(table, primary, assumed, fitted_at) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
@@ -488,12 +490,13 @@ def _loaded(model: str | LM, seed: int, dtype: str | torch.dtype = "fp32", devic
                                                                                    dtype=parse_dtype(dtype)))
 
 
-def _thresholds_and_gates(thresholds, presets: tuple[str, ...]) -> tuple[Thresholds, list[Gate], list[Gate]]:
-    """The resolved thresholds table (the fitted gate's and the lagged verdicts'), its gates (the fitted one,
-    or the limits given) and the practitioners' gates named by `presets` — applied in that order."""
+def _thresholds_and_gates(thresholds, presets: tuple[str, ...], loss: str) -> tuple[Thresholds, list[Gate], list[Gate]]:
+    """The resolved thresholds table (the fitted gate's and the lagged verdicts'), its gates (the fitted one for
+    the trainer's `loss`, or the limits given) and the practitioners' gates named by `presets` — applied in that
+    order."""
     table = thresholds if isinstance(thresholds, Thresholds) else (
         load_thresholds(thresholds if isinstance(thresholds, (str, Path)) else None))
-    return table, resolve_gates(thresholds, table), list(preset_gates(tuple(presets)))
+    return table, resolve_gates(thresholds, table, loss), list(preset_gates(tuple(presets)))
 
 
 def _lagged(table: Thresholds, pipeline: Pipeline, tokens: float) -> list[tuple[Decision, str]]:
@@ -509,7 +512,7 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     """`check` on an engine's rollout dump: its tokens and log-probs are the calibration set."""
     say(f"loading {model if isinstance(model, str) else model.name}")
     name, lm = _loaded(model, seed, ref_dtype, device)
-    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets)
+    table, fitted_gates, named = _thresholds_and_gates(thresholds, presets, pipeline.trainer.loss)
     gates = fitted_gates + named
     say(f"scoring the rollouts of {dump}")
     scored = score_rollouts(lm, dump, clip=clip)
@@ -521,7 +524,8 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    length = _length_margin(table, decisions[0], dumped, table.response_tokens) if fitted else (None, "")
+    length = (_length_margin(table, decisions[0], dumped, table.for_loss(pipeline.trainer.loss)[2]) if fitted
+              else (None, ""))
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
              *(n for _, n in (drift, length, *lagged) if n)]

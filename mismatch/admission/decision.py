@@ -140,18 +140,19 @@ def gate_statistics() -> set[str]:
     return set(statistics(one, one, torch.tensor([0, 1])))
 
 
-def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds) -> list[Gate]:
-    """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds)."""
+def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds,
+                  loss: str | None = None) -> list[Gate]:
+    """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds) for a trainer's
+    `loss` (`Thresholds.for_loss`: the loss's own limit where the study fitted one, else the pooled one)."""
     if isinstance(thresholds, dict):
         if not thresholds:
             raise InputError("no gate: give at least one {statistic: limit}")
         require_statistics(set(thresholds), gate_statistics())  # before any sampling
         return [Gate(k, float(v), "given limit") for k, v in thresholds.items()]
-    limit = table.limits[table.primary]
-    lo, hi = table.brackets.get(table.primary, [math.nan, math.nan])
+    limit, (lo, hi), _, levels = table.for_loss(loss)
     split = (f"tolerated configurations measured ≤ {lo:.3g}, not tolerated ≥ {hi:.3g}; limit at their geometric mean"
              if not math.isnan(hi) else "no configuration was not tolerated: limit at the largest tolerated value")
-    return [Gate(table.primary, limit, f"{table.fitted_on}: {split}")]
+    return [Gate(table.primary, limit, f"{table.fitted_on}, {levels}: {split}")]
 
 
 def window_gates(table: Thresholds) -> list[Gate]:

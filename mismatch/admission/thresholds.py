@@ -81,6 +81,23 @@ class Thresholds:
     # ends over ladders; NaN, JSON null: open), `lengths`, `ladders` (family · loss · settings); empty while no ladder bounds
     # the exponent on either side (`LengthLaw.informative`; the check then assumes per sequence)
     length_law: dict = field(default_factory=dict)
+    # per loss (`opd`'s names), the primary statistic's first-step limit fitted on that loss's decided levels alone,
+    # where they lie on both sides of it (`loss_limits_from`): `limit`, `bracket`, `levels`, `not_tolerated`,
+    # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`);
+    # the check judges a trainer's loss by its own (`for_loss`), by the pooled limit where the loss has none
+    loss_limits: dict[str, dict] = field(default_factory=dict)
+
+    def for_loss(self, loss: str | None) -> tuple[float, list[float], list[float], str]:
+        """The primary statistic's first-step limit for a trainer's `loss`, the interval the data pin it to, the
+        response lengths it was fitted at, and which levels it was fitted on: the loss's own (`loss_limits`) where
+        the study decided levels of it on both sides, else the pooled `limits[primary]` (also for `loss` None)."""
+        own = self.loss_limits.get(loss) if loss is not None else None
+        if own is None:
+            pooled = "every loss's levels" + (f" (no limit of {loss}'s own)" if loss is not None and self.loss_limits
+                                              else "")
+            return (self.limits[self.primary], self.brackets.get(self.primary, [math.nan, math.nan]),
+                    self.response_tokens, pooled)
+        return own["limit"], own["bracket"], own["response_tokens"], f"{loss}'s levels alone"
 
     @property
     def fitted_on(self) -> str:
@@ -182,6 +199,29 @@ def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
     return out
 
 
+def loss_limits_from(decided: pd.DataFrame, statistic: str = PRIMARY) -> dict[str, dict]:
+    """Per loss, `statistic`'s limit fitted on that loss's `decided` levels alone (`Thresholds.loss_limits`):
+    only for a loss whose levels lie on both sides (tolerated and not), with its bracket, the response lengths it
+    rests on and its leave-one-pair-out record within the loss (the levels of pairs the others predict right,
+    against always admitting)."""
+    out: dict[str, dict] = {}
+    if "loss" not in decided:
+        return out
+    for loss, levels in decided.groupby("loss", sort=True):
+        levels = levels[np.isfinite(levels[statistic].to_numpy(dtype=float))]
+        x, tolerated = levels[statistic].to_numpy(dtype=float), levels["tolerated"].to_numpy(dtype=bool)
+        if tolerated.all() or not tolerated.any():
+            continue
+        limit = fit_limit(x, tolerated)
+        held = held_out_predictions(levels, statistic) if levels["pair"].nunique() > 1 else levels.iloc[:0]
+        out[str(loss)] = {"limit": limit, "bracket": bracket(x, tolerated, limit), "levels": len(levels),
+                          "not_tolerated": int((~tolerated).sum()), "response_tokens": _span(levels["response_tokens"]),
+                          "held_out_levels": len(held),
+                          "held_out_right": int((held["admitted"] == held["tolerated"].astype(bool)).sum()),
+                          "always_admit_right": int(held["tolerated"].astype(bool).sum())}
+    return out
+
+
 def lagged_verdicts(levels: pd.DataFrame) -> list[dict]:
     """The study's measured verdicts of staleness and reuse levels (what the check carries over)."""
     return _records(levels[levels["source"].isin(LAGGED_SOURCES)])
@@ -260,7 +300,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                       response_tokens=_span(decided["response_tokens"]),
                       window_response_tokens=_span(every.loc[every[f"window:{PRIMARY}"].notna(), "response_tokens"]
                                                    if f"window:{PRIMARY}" in every else every["response_tokens"][:0]),
-                      length_law=length)
+                      length_law=length, loss_limits=loss_limits_from(decided))
 
 
 def _span(tokens: pd.Series) -> list[float]:

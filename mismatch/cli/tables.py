@@ -225,6 +225,10 @@ def thresholds_table(thresholds) -> Table:
         table.add_row(v["statistic"], f"{thresholds.limits[v['statistic']]:.3g}", f"[{lo:.3g}, {hi:.3g}]",
                       v["held_out"], f"{v['limit']:.3g}", str(v["levels"]), f"{v['accuracy']:.2f}",
                       f"{v['always_admit_accuracy']:.2f}")
+    per_loss = [f"{loss} ≤ {v['limit']:.3g} [{v['bracket'][0]:.3g}, {v['bracket'][1]:.3g}]"
+                for loss, v in sorted(thresholds.loss_limits.items())]
+    if per_loss:
+        table.caption = escape(f"{thresholds.primary} per loss (`check --loss`): " + "; ".join(per_loss))
     return table
 
 

@@ -42,6 +42,7 @@ def admission_markdown(t: Thresholds) -> str:
         lo, hi = t.brackets.get(s, [math.nan, math.nan])
         width = f"×{hi / lo:.2g}" if lo > 0 and hi == hi else "—"  # how far apart the decided levels around it lie
         lines.append(f"| {s}{' (default gate)' if s == t.primary else ''} | {limit:.3g} | [{lo:.3g}, {hi:.3g}] | {width} |")
+    lines += _loss_lines(t)
     if t.window_limits:
         lines += ["", "## Window limits (with a teacher: the check's deciding gate, `mismatch monitor`'s, the trainer's "
                   "after its first batch)", "",
@@ -79,6 +80,32 @@ def admission_markdown(t: Thresholds) -> str:
     lines += _held_out_on_kl(t)
     lines += _drift_lines(t)
     return "\n".join(lines) + "\n"
+
+
+def _loss_lines(t: Thresholds) -> list[str]:
+    """The primary statistic's first-step limit per loss (`Thresholds.loss_limits`), with its leave-one-pair-out
+    record within the loss."""
+    if not t.loss_limits:
+        return []
+    lines = ["", f"## {t.primary} limit per loss (`mismatch check --loss`)", "",
+             "Fitted on each loss's decided levels alone, as the pooled limit above; a loss whose decided levels all "
+             "fall on one side has none, and the check judges it by the pooled limit. *Held out*: each pair's levels "
+             "of the loss predicted by the limit fitted on the other pairs' levels of it; *pooled, held out*: the same "
+             "levels predicted by the pooled limit fitted on the other pairs' levels of every loss.", "",
+             "| loss | levels | not tolerated | limit | pinned to | response tokens | held out: right | "
+             "pooled, held out: right | always admit |", "|---|---|---|---|---|---|---|---|---|"]
+    points = pd.DataFrame(t.points)  # the levels a loss's limit rests on are among them
+    pooled = held_out_predictions(points[points["decided"].astype(bool)
+                                         & np.isfinite(points[t.primary].to_numpy(dtype=float))], t.primary)
+    for loss, v in sorted(t.loss_limits.items()):
+        lo, hi = v["bracket"]
+        span = "–".join(f"{x:.0f}" for x in v["response_tokens"]) or "—"
+        mine = pooled[pooled["loss"] == loss]
+        right = int((mine["admitted"] == mine["tolerated"].astype(bool)).sum())
+        lines.append(f"| {loss} | {v['levels']} | {v['not_tolerated']} | {v['limit']:.3g} | [{lo:.3g}, {hi:.3g}] | "
+                     f"{span} | {v['held_out_right']} of {v['held_out_levels']} | {right} of {len(mine)} | "
+                     f"{v['always_admit_right']} |")
+    return lines
 
 
 LENGTH_BUCKETS = (16, 64, 256, 1024)  # response tokens: the bucket edges the leave-one-pair-out table uses

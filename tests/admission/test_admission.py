@@ -256,6 +256,28 @@ def test_each_gate_is_scaled_from_the_lengths_its_own_limit_was_fitted_at():
     assert any("within 2x" in n for n in older.notes)
 
 
+def test_the_fitted_gate_is_the_trainers_losss_own_limit_and_its_lengths():
+    """The first-step gate for `Pipeline.trainer.loss`: the loss's own limit (`Thresholds.loss_limits`) and the
+    lengths it was fitted at where the study fitted one, the pooled limit and lengths for a loss without one."""
+    lm = mismatch.load("tiny-llama")
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=12)
+    table = _thresholds(10.0)
+    table.response_tokens = [1.0, 1000.0]
+    table.loss_limits = {"pg-rkl-is": {"limit": 5.0, "bracket": [4.0, 6.0], "levels": 4, "not_tolerated": 2,
+                                       "response_tokens": [2.0, 3.0], "held_out_levels": 4, "held_out_right": 4,
+                                       "always_admit_right": 2}}
+    pg = check(lm, "noise:0.1", calibration=cal, thresholds=table,
+               pipeline=Pipeline(trainer=TrainerSettings(loss="pg-rkl-is")))
+    mean = pg.calibration["tokens"] / pg.calibration["sequences"]
+    assert mean > 6 and pg.decisions[0].limit == 5.0 and "pg-rkl-is's levels alone" in pg.decisions[0].source
+    (length,) = [d for d in pg.decisions if d.metric == "length/mismatch_kl"]  # from pg-rkl-is's 3 tokens, ×2
+    assert length.limit == pytest.approx(5.0 * 6 / mean)
+    full = check(lm, "noise:0.1", calibration=cal, thresholds=table)  # the default trainer: full-rkl
+    assert full.decisions[0].limit == 10.0 and "no limit of full-rkl's own" in full.decisions[0].source
+    assert not [d for d in full.decisions if d.metric.startswith("length/")]
+    assert full.decisions[0].value == pg.decisions[0].value  # the same calibration, judged twice
+
+
 def test_a_lag_is_measured_in_the_trainers_precision():
     """A bf16 checkpoint's lag is measured as a bf16 trainer runs it (`OPDConfig.ref_dtype`: fp32 masters under
     the bf16 weights, the teacher in bf16): the value is the window's mean of what `opd.train` logs for the same

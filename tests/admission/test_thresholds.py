@@ -146,6 +146,44 @@ def test_validate_on_points_counts_by_hand():
     assert (rows["b"]["admit_tolerated"], rows["b"]["reject_not"], rows["b"]["admit_not"]) == (1, 1, 0)
 
 
+# the sampled-token loss on two of the pairs, breaking where full-rkl keeps up: first-step mismatch_kl and Δ points
+PG_STUDY = {"sort-gpt2": {"fp8-e4m3": (0.001, 0.0), "int4:group128": (0.03, -12.0)},
+            "reverse-qwen3": {"fp8-e4m3": (0.004, 0.3), "int4:group128": (0.15, -12.0)}}
+
+
+def test_each_loss_gets_its_own_limit_where_its_levels_lie_on_both_sides(study, tmp_path):
+    """`loss_limits`: full-rkl's limit from its levels alone, pg-rkl-is's from its own (int4 breaks it at 0.0315,
+    where full-rkl keeps up), each with its bracket and leave-one-pair-out record; `for_loss` falls back to the
+    pooled limit for a loss without one; the report prints both beside the pooled limit's record."""
+    from mismatch.report.admission import admission_markdown
+
+    frames = [study]
+    for pair, levels in PG_STUDY.items():
+        base = OPDConfig(pair=pair, steps=2, batch_size=4, loss="pg-rkl-is")
+        for seed in range(3):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 0.5, 0.0))
+            for rollout, (kl, delta) in levels.items():
+                frames.append(_run(dataclasses.replace(base, rollout=rollout, seed=seed),
+                                   0.5 + (delta + 0.2 * seed - 0.1) / 100, kl * (1 + 0.1 * seed - 0.05)))
+    t = thresholds_from_rows(pd.concat(frames, ignore_index=True), sources=["hand-made"])
+    full, pg = t.loss_limits["full-rkl"], t.loss_limits["pg-rkl-is"]
+    # full-rkl: the study's levels as in the pooled fit without pg-rkl-is (test above)
+    assert full["bracket"] == pytest.approx([0.1575, 0.84]) and full["limit"] == pytest.approx(math.sqrt(0.1575 * 0.84))
+    assert (full["levels"], full["not_tolerated"]) == (8, 3)
+    # pg-rkl-is: tolerated at 0.00105 and 0.0042, not at 0.0315 and 0.1575 (means of 3 seeds, ×1.05)
+    assert pg["bracket"] == pytest.approx([0.0042, 0.0315]) and pg["limit"] == pytest.approx(math.sqrt(0.0042 * 0.0315))
+    # held out: sort-gpt2 by reverse's limit √(0.0042·0.1575), reverse by sort's √(0.00105·0.0315): all 4 right
+    assert (pg["levels"], pg["not_tolerated"], pg["held_out_levels"], pg["held_out_right"], pg["always_admit_right"]
+            ) == (4, 2, 4, 4, 2)
+    pooled = t.limits["mismatch_kl"]
+    assert t.for_loss("pg-rkl-is")[:2] == (pg["limit"], pg["bracket"]) and t.for_loss("full-rkl")[0] == full["limit"]
+    assert t.for_loss("pg-rkl")[0] == t.for_loss(None)[0] == pooled and "no limit of pg-rkl's own" in t.for_loss("pg-rkl")[3]
+    back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
+    assert back.loss_limits == t.loss_limits
+    text = admission_markdown(t)
+    assert f"| pg-rkl-is | 4 | 2 | {pg['limit']:.3g} | [0.0042, 0.0315] |" in text
+
+
 def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
     """Every judged level tolerated: no limit can be placed (before: a 'limit' at the largest value and
     NaN brackets in a file that was not strict JSON); the report says so instead of fitted tables."""
