@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mismatch.verdict import Tolerance  # stdlib only: the defaults live on its fields
-from mismatch.cli.common import (AccTol, Device, Json, KlTol, Layers, LearningRate, Threads, ThresholdsFile, TisCap,
+from mismatch.cli.common import (AccTol, Device, Json, KlTol, Layers, LearningRate, Loss, Threads, ThresholdsFile, TisCap,
                                  early, err, out, stages)
 from mismatch.files import json_text
 
@@ -33,9 +33,7 @@ def check(
                                                      "that window statistic then decides.")] = None,
     lr: LearningRate = 1e-3,
     adam_beta1: Annotated[float, typer.Option(help="The trainer's AdamW β1.")] = 0.9,
-    loss: Annotated[str, typer.Option(help="The trainer's OPD loss (full-rkl, pg-rkl-is, …): the first-step gate is "
-                                           "the limit fitted on its levels where the study fitted one, and a lag "
-                                           "is carried over at it.")] = "full-rkl",
+    loss: Loss = "full-rkl",
     tis_cap: TisCap = None,
     preset: Annotated[list[str] | None, typer.Option(help="Also apply practitioners' gates: verl, slime, nemo-rl.")] = None,
     thresholds: ThresholdsFile = None,
@@ -58,7 +56,8 @@ def check(
     threads: Threads = None,
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --dump FILE) safe for OPD on MODEL?
-    Exit 0 admit, 1 reject, 3 uncertain, 2 error."""
+    The trainer's --loss picks the fitted limit (its own where the study fitted one). Exit 0 admit, 1 reject,
+    3 uncertain, 2 error."""
     early(models=(model, *((teacher,) if teacher else ())), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
                                                      ("thresholds file not found: {path}", thresholds),
                                                      ("rollout dump not found: {path}", dump)))
