@@ -213,7 +213,8 @@ def loss_limits_from(decided: pd.DataFrame, statistic: str = PRIMARY) -> dict[st
         if tolerated.all() or not tolerated.any():
             continue
         limit = fit_limit(x, tolerated)
-        held = held_out_predictions(levels, statistic) if levels["pair"].nunique() > 1 else levels.iloc[:0]
+        # one pair has no other to fit on: no held-out record (an empty frame with the columns)
+        held = held_out_predictions(levels if levels["pair"].nunique() > 1 else levels.iloc[:0], statistic)
         out[str(loss)] = {"limit": limit, "bracket": bracket(x, tolerated, limit), "levels": len(levels),
                           "not_tolerated": int((~tolerated).sum()), "response_tokens": _span(levels["response_tokens"]),
                           "held_out_levels": len(held),
