@@ -18,7 +18,7 @@ and is uncertain otherwise. Staleness and reuse cannot be seen in the checkpoint
 behind yet). Given a teacher, the check measures the pipeline on the checkpoint — its format, its lag and
 reuse, or a format that also lags (`mismatch.admission.lagged`: the pipeline's first OPD steps under the
 user's trainer settings, the study's own step) — and judges that window statistic against the limit fitted on
-every source (`Thresholds.window_limits`): the statistic that transfers across sources decides, the first-step
+every source, the trainer's loss's own where the study fitted one (`Thresholds.for_loss(loss, window=True)`): the statistic that transfers across sources decides, the first-step
 gate is shown beside it. Without one it carries over the study's verdict of a lag only where the study ran the
 user's settings (`Pipeline.trainer`: lr, β1, loss, TIS) near the pipeline's response length, and is uncertain
 otherwise.
@@ -210,7 +210,7 @@ def _measured_window(lm: LM, name: str, teacher: str | LM, thresholds: Threshold
                       rollout=static, layers=layers)
     primary = thresholds.primary
     value, low, high = lag.statistics[primary]
-    gate = next(iter(window_gates(thresholds)), None)
+    gate = next(iter(window_gates(thresholds, pipeline.trainer.loss)), None)
     if gate is not None:
         limit, source, verdict, missing = gate.limit, gate.source, decide(value, low, high, gate.limit), ""
     else:
@@ -342,8 +342,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     else:
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
-    fitted_at = ((table.window_response_tokens or table.response_tokens) if windowed
-                else table.for_loss(pipeline.trainer.loss)[2])
+    fitted_at = table.for_loss(pipeline.trainer.loss, window=windowed)[2]
     length = _length_margin(table, primary, assumed, fitted_at) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,

@@ -155,11 +155,13 @@ def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None,
     return [Gate(table.primary, limit, f"{table.fitted_on}, {levels}: {split}")]
 
 
-def window_gates(table: Thresholds) -> list[Gate]:
-    """The window gate of `table`: its primary statistic's window limit (`Thresholds.window_limits`, fitted on
-    every source), what a pipeline's window statistic — the mean over `table.window_steps` OPD steps — is
-    judged against; empty when the table holds no window limit (a file written before they were fitted)."""
+def window_gates(table: Thresholds, loss: str | None = None) -> list[Gate]:
+    """The window gate of `table` for a trainer's `loss`: its primary statistic's window limit, fitted on every
+    source's decided levels — the loss's own where the study fitted one (`Thresholds.for_loss(loss,
+    window=True)`), else the one pooled over losses — what a pipeline's window statistic, the mean over
+    `table.window_steps` OPD steps, is judged against; empty when the table holds no window limit (a file
+    written before they were fitted)."""
     if table.primary not in table.window_limits:
         return []
-    return [Gate(table.primary, float(table.window_limits[table.primary]),
-                 f"window limit ({table.fitted_on})")]
+    limit, _, _, levels = table.for_loss(loss, window=True)
+    return [Gate(table.primary, float(limit), f"window limit ({table.fitted_on}, {levels})")]

@@ -83,21 +83,43 @@ class Thresholds:
     length_law: dict = field(default_factory=dict)
     # per loss (`opd`'s names), the primary statistic's first-step limit fitted on that loss's decided levels alone,
     # where they lie on both sides of it (`loss_limits_from`): `limit`, `bracket`, `levels`, `not_tolerated`,
-    # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`);
+    # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`,
+    # and the pooled limit's on the same levels, `pooled_held_out_levels`, `pooled_held_out_right`);
     # the check judges a trainer's loss by its own (`for_loss`), by the pooled limit where the loss has none
     loss_limits: dict[str, dict] = field(default_factory=dict)
+    # the same per loss for the primary statistic's window limit, fitted on the loss's decided levels of every
+    # source (`window_limits`' levels, split by loss); the check's gate with a teacher for a trainer's loss
+    loss_window_limits: dict[str, dict] = field(default_factory=dict)
 
-    def for_loss(self, loss: str | None) -> tuple[float, list[float], list[float], str]:
-        """The primary statistic's first-step limit for a trainer's `loss`, the interval the data pin it to, the
-        response lengths it was fitted at, and which levels it was fitted on: the loss's own (`loss_limits`) where
-        the study decided levels of it on both sides, else the pooled `limits[primary]` (also for `loss` None)."""
-        own = self.loss_limits.get(loss) if loss is not None else None
-        if own is None:
-            pooled = "every loss's levels" + (f" (no limit of {loss}'s own)" if loss is not None and self.loss_limits
-                                              else "")
+    def for_loss(self, loss: str | None, *, window: bool = False) -> tuple[float, list[float], list[float], str]:
+        """The primary statistic's limit for a trainer's `loss` — the first-step one, or with `window` the
+        window one (NaN where the table has none) — the interval the data pin it to, the response lengths it was
+        fitted at, and which levels it was fitted on: the loss's own (`loss_limits`, `loss_window_limits`) where
+        the study decided levels of it on both sides and, leaving one pair out, it predicts the loss's levels at
+        least as well as the limit pooled over losses does; else the pooled one (also for `loss` None)."""
+        per_loss = self.loss_window_limits if window else self.loss_limits
+        own = per_loss.get(loss) if loss is not None else None
+        worse = own is not None and self.own_limit(loss, window=window) is None
+        if own is None or worse:
+            why = (f" ({loss}'s own limit predicts {own['held_out_right']} of its {own['held_out_levels']} held-out "
+                   f"levels right, the pooled one {own['pooled_held_out_right']})" if worse else
+                   f" (no limit of {loss}'s own)" if loss is not None and per_loss else "")
+            pooled = "every loss's levels" + why
+            if window:
+                return (self.window_limits.get(self.primary, math.nan),
+                        self.window_brackets.get(self.primary, [math.nan, math.nan]),
+                        self.window_response_tokens or self.response_tokens, pooled)
             return (self.limits[self.primary], self.brackets.get(self.primary, [math.nan, math.nan]),
                     self.response_tokens, pooled)
         return own["limit"], own["bracket"], own["response_tokens"], f"{loss}'s levels alone"
+
+    def own_limit(self, loss: str, *, window: bool = False) -> dict | None:
+        """`loss`'s own limit (its `loss_limits` / `loss_window_limits` entry) where the check uses it: where,
+        leaving one pair out, it predicts the loss's levels at least as well as the pooled limit does."""
+        own = (self.loss_window_limits if window else self.loss_limits).get(loss)
+        if own is None or own["held_out_right"] < own.get("pooled_held_out_right", -1):
+            return None
+        return own
 
     @property
     def fitted_on(self) -> str:
@@ -200,27 +222,38 @@ def validate(points: pd.DataFrame, statistic: str) -> list[dict]:
 
 
 def loss_limits_from(decided: pd.DataFrame, statistic: str = PRIMARY) -> dict[str, dict]:
-    """Per loss, `statistic`'s limit fitted on that loss's `decided` levels alone (`Thresholds.loss_limits`):
-    only for a loss whose levels lie on both sides (tolerated and not), with its bracket, the response lengths it
-    rests on and its leave-one-pair-out record within the loss (the levels of pairs the others predict right,
-    against always admitting)."""
+    """Per loss, `statistic`'s limit fitted on that loss's `decided` levels alone (`Thresholds.loss_limits`,
+    `loss_window_limits`): only for a loss whose levels lie on both sides (tolerated and not), with its bracket,
+    the response lengths it rests on and its leave-one-pair-out record on the loss's levels — predicted by the
+    loss's own limit fitted on the other pairs (`held_out_right`), by the limit pooled over losses fitted on the
+    other pairs (`pooled_held_out_right`), and by always admitting (`always_admit_right`)."""
     out: dict[str, dict] = {}
-    if "loss" not in decided:
+    if "loss" not in decided or statistic not in decided:
         return out
-    for loss, levels in decided.groupby("loss", sort=True):
-        levels = levels[np.isfinite(levels[statistic].to_numpy(dtype=float))]
+    finite = decided[np.isfinite(decided[statistic].to_numpy(dtype=float))]
+    pooled = _held_out(finite, statistic)
+    for loss, levels in finite.groupby("loss", sort=True):
         x, tolerated = levels[statistic].to_numpy(dtype=float), levels["tolerated"].to_numpy(dtype=bool)
         if tolerated.all() or not tolerated.any():
             continue
         limit = fit_limit(x, tolerated)
-        # one pair has no other to fit on: no held-out record (an empty frame with the columns)
-        held = held_out_predictions(levels if levels["pair"].nunique() > 1 else levels.iloc[:0], statistic)
+        held, theirs = _held_out(levels, statistic), pooled[pooled["loss"] == loss]
         out[str(loss)] = {"limit": limit, "bracket": bracket(x, tolerated, limit), "levels": len(levels),
                           "not_tolerated": int((~tolerated).sum()), "response_tokens": _span(levels["response_tokens"]),
-                          "held_out_levels": len(held),
-                          "held_out_right": int((held["admitted"] == held["tolerated"].astype(bool)).sum()),
+                          "held_out_levels": len(held), "held_out_right": _right(held),
+                          "pooled_held_out_levels": len(theirs), "pooled_held_out_right": _right(theirs),
                           "always_admit_right": int(held["tolerated"].astype(bool).sum())}
     return out
+
+
+def _held_out(levels: pd.DataFrame, statistic: str) -> pd.DataFrame:
+    """`held_out_predictions` of `levels`; with one pair (no other to fit on) an empty frame with its columns."""
+    return held_out_predictions(levels if levels["pair"].nunique() > 1 else levels.iloc[:0], statistic)
+
+
+def _right(predicted: pd.DataFrame) -> int:
+    """How many of `held_out_predictions`' levels its limits predict right."""
+    return int((predicted["admitted"] == predicted["tolerated"].astype(bool)).sum())
 
 
 def lagged_verdicts(levels: pd.DataFrame) -> list[dict]:
@@ -301,7 +334,9 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                       response_tokens=_span(decided["response_tokens"]),
                       window_response_tokens=_span(every.loc[every[f"window:{PRIMARY}"].notna(), "response_tokens"]
                                                    if f"window:{PRIMARY}" in every else every["response_tokens"][:0]),
-                      length_law=length, loss_limits=loss_limits_from(decided))
+                      length_law=length, loss_limits=loss_limits_from(decided),
+                      loss_window_limits=loss_limits_from(every, f"window:{PRIMARY}") if f"window:{PRIMARY}" in every
+                      else {})
 
 
 def _span(tokens: pd.Series) -> list[float]:

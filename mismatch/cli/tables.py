@@ -225,10 +225,15 @@ def thresholds_table(thresholds) -> Table:
         table.add_row(v["statistic"], f"{thresholds.limits[v['statistic']]:.3g}", f"[{lo:.3g}, {hi:.3g}]",
                       v["held_out"], f"{v['limit']:.3g}", str(v["levels"]), f"{v['accuracy']:.2f}",
                       f"{v['always_admit_accuracy']:.2f}")
-    per_loss = [f"{loss} ≤ {v['limit']:.3g} [{v['bracket'][0]:.3g}, {v['bracket'][1]:.3g}]"
-                for loss, v in sorted(thresholds.loss_limits.items())]
-    if per_loss:
-        table.caption = escape(f"{thresholds.primary} per loss (`check --loss`): " + "; ".join(per_loss))
+    lines = [f"{thresholds.primary}{where} per loss (`check --loss`): " + "; ".join(
+                 f"{loss} ≤ {v['limit']:.3g} [{v['bracket'][0]:.3g}, {v['bracket'][1]:.3g}]"
+                 + ("" if thresholds.own_limit(loss, window=bool(where)) else " (the pooled limit is used: it "
+                    "predicts the loss's held-out levels better)")
+                 for loss, v in sorted(per_loss.items()))
+             for where, per_loss in (("", thresholds.loss_limits), (", window", thresholds.loss_window_limits))
+             if per_loss]
+    if lines:
+        table.caption = escape("\n".join(lines))
     return table
 
 

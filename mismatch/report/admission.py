@@ -83,28 +83,30 @@ def admission_markdown(t: Thresholds) -> str:
 
 
 def _loss_lines(t: Thresholds) -> list[str]:
-    """The primary statistic's first-step limit per loss (`Thresholds.loss_limits`), with its leave-one-pair-out
-    record within the loss."""
-    if not t.loss_limits:
-        return []
-    lines = ["", f"## {t.primary} limit per loss (`mismatch check --loss`)", "",
-             "Fitted on each loss's decided levels alone, as the pooled limit above; a loss whose decided levels all "
-             "fall on one side has none, and the check judges it by the pooled limit. *Held out*: each pair's levels "
-             "of the loss predicted by the limit fitted on the other pairs' levels of it; *pooled, held out*: the same "
-             "levels predicted by the pooled limit fitted on the other pairs' levels of every loss.", "",
-             "| loss | levels | not tolerated | limit | pinned to | response tokens | held out: right | "
-             "pooled, held out: right | always admit |", "|---|---|---|---|---|---|---|---|---|"]
-    points = pd.DataFrame(t.points)  # the levels a loss's limit rests on are among them
-    pooled = held_out_predictions(points[points["decided"].astype(bool)
-                                         & np.isfinite(points[t.primary].to_numpy(dtype=float))], t.primary)
-    for loss, v in sorted(t.loss_limits.items()):
-        lo, hi = v["bracket"]
-        span = "–".join(f"{x:.0f}" for x in v["response_tokens"]) or "—"
-        mine = pooled[pooled["loss"] == loss]
-        right = int((mine["admitted"] == mine["tolerated"].astype(bool)).sum())
-        lines.append(f"| {loss} | {v['levels']} | {v['not_tolerated']} | {v['limit']:.3g} | [{lo:.3g}, {hi:.3g}] | "
-                     f"{span} | {v['held_out_right']} of {v['held_out_levels']} | {right} of {len(mine)} | "
-                     f"{v['always_admit_right']} |")
+    """The primary statistic's limits per loss — first-step (`Thresholds.loss_limits`) and window
+    (`loss_window_limits`) — each with its leave-one-pair-out record within the loss beside the pooled limit's."""
+    tables = [(f"`{t.primary}`, first step", t.loss_limits, "the pooled limit above", "each loss's decided levels"),
+              (f"`window:{t.primary}`", t.loss_window_limits, "the pooled window limit (admission_transfer.md)",
+               "each loss's decided levels of every source (lags included)")]
+    lines: list[str] = []
+    for window, (name, per_loss, pooled, levels) in zip((False, True), tables):
+        if not per_loss:
+            continue
+        lines += ["", f"## {name}: limit per loss (`mismatch check --loss`)", "",
+                  f"Fitted on {levels} alone, as {pooled}. *Held out*: each pair's levels of the loss predicted by the "
+                  "limit fitted on the other pairs' levels of it; *pooled, held out*: the same levels predicted by the "
+                  "pooled limit fitted on the other pairs' levels of every loss. The check judges a loss by its own "
+                  "limit where that record is at least the pooled one's, else by the pooled limit (*used*), as it "
+                  "does a loss whose decided levels all fall on one side.", "",
+                  "| loss | levels | not tolerated | limit | pinned to | response tokens | held out: right | "
+                  "pooled, held out: right | always admit | used |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for loss, v in sorted(per_loss.items()):
+            lo, hi = v["bracket"]
+            span = "–".join(f"{x:.0f}" for x in v["response_tokens"]) or "—"
+            lines.append(f"| {loss} | {v['levels']} | {v['not_tolerated']} | {v['limit']:.3g} | [{lo:.3g}, {hi:.3g}] | "
+                         f"{span} | {v['held_out_right']} of {v['held_out_levels']} | "
+                         f"{v['pooled_held_out_right']} of {v['pooled_held_out_levels']} | {v['always_admit_right']} | "
+                         f"{'own' if t.own_limit(loss, window=window) else 'pooled'} |")
     return lines
 
 

@@ -278,6 +278,25 @@ def test_the_fitted_gate_is_the_trainers_losss_own_limit_and_its_lengths():
     assert full.decisions[0].value == pg.decisions[0].value  # the same calibration, judged twice
 
 
+def test_the_window_gate_is_the_trainers_losss_own_window_limit():
+    """With a teacher the deciding gate — the pipeline's window statistic measured on the checkpoint — is judged
+    against the trainer's loss's own window limit (`Thresholds.loss_window_limits`) where the study fitted one,
+    against the pooled window limit for a loss without one."""
+    lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
+    table = _thresholds(1.0, LAGGED)
+    table.window_limits = {"mismatch_kl": 0.5}
+    table.loss_window_limits = {"pg-rkl-is": {"limit": 7.0, "bracket": [6.0, 8.0], "levels": 4, "not_tolerated": 2,
+                                              "response_tokens": [], "held_out_levels": 0, "held_out_right": 0,
+                                              "pooled_held_out_levels": 0, "pooled_held_out_right": 0,
+                                              "always_admit_right": 0}}
+    cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
+    got = {loss: check(lm, "stale:1", calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=3e-2, loss=loss)),
+                       thresholds=table, teacher=teacher, seed=4).decisions[-1] for loss in ("pg-rkl-is", "full-rkl")}
+    assert all(d.metric == "measured/stale:1/window:mismatch_kl" for d in got.values())
+    assert got["pg-rkl-is"].limit == 7.0 and "pg-rkl-is's levels alone" in got["pg-rkl-is"].source
+    assert got["full-rkl"].limit == 0.5 and "no limit of full-rkl's own" in got["full-rkl"].source
+
+
 def test_a_lag_is_measured_in_the_trainers_precision():
     """A bf16 checkpoint's lag is measured as a bf16 trainer runs it (`OPDConfig.ref_dtype`: fp32 masters under
     the bf16 weights, the teacher in bf16): the value is the window's mean of what `opd.train` logs for the same

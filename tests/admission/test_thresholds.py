@@ -175,13 +175,29 @@ def test_each_loss_gets_its_own_limit_where_its_levels_lie_on_both_sides(study, 
     # held out: sort-gpt2 by reverse's limit √(0.0042·0.1575), reverse by sort's √(0.00105·0.0315): all 4 right
     assert (pg["levels"], pg["not_tolerated"], pg["held_out_levels"], pg["held_out_right"], pg["always_admit_right"]
             ) == (4, 2, 4, 4, 2)
+    # the pooled limit on the same levels: without sort-gpt2 √(0.0105·0.1575) ≈ 0.041 admits its int4 at 0.0315
+    # (wrong), without reverse-qwen3 √(0.0105·0.0315) ≈ 0.018 gets both of its levels right: 3 of 4
+    assert (pg["pooled_held_out_levels"], pg["pooled_held_out_right"]) == (4, 3)
     pooled = t.limits["mismatch_kl"]
     assert t.for_loss("pg-rkl-is")[:2] == (pg["limit"], pg["bracket"]) and t.for_loss("full-rkl")[0] == full["limit"]
     assert t.for_loss("pg-rkl")[0] == t.for_loss(None)[0] == pooled and "no limit of pg-rkl's own" in t.for_loss("pg-rkl")[3]
+    # the window limits per loss: the window here is the mean of steps 1–2, 3 × the first step: the same splits
+    wfull, wpg = t.loss_window_limits["full-rkl"], t.loss_window_limits["pg-rkl-is"]
+    assert wfull["bracket"] == pytest.approx([3 * 0.1575, 3 * 0.84]) and wpg["bracket"] == pytest.approx([3 * 0.0042,
+                                                                                                          3 * 0.0315])
+    assert t.for_loss("pg-rkl-is", window=True)[0] == pytest.approx(math.sqrt(9 * 0.0042 * 0.0315))
+    assert t.for_loss("pg-rkl", window=True)[0] == t.window_limits["mismatch_kl"]
     back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
-    assert back.loss_limits == t.loss_limits
+    assert back.loss_limits == t.loss_limits and back.loss_window_limits == t.loss_window_limits
     text = admission_markdown(t)
-    assert f"| pg-rkl-is | 4 | 2 | {pg['limit']:.3g} | [0.0042, 0.0315] |" in text
+    assert f"| pg-rkl-is | 4 | 2 | {pg['limit']:.3g} | [0.0042, 0.0315] | — | 4 of 4 | 3 of 4 | 2 | own |" in text
+    assert f"| pg-rkl-is | 4 | 2 | {wpg['limit']:.3g} | [0.0126, 0.0945] |" in text
+    # a loss's own limit that predicts its held-out levels worse than the pooled one is not used
+    worse = dataclasses.replace(t, loss_limits={**t.loss_limits, "pg-rkl-is": {**pg, "held_out_right": 2}})
+    assert worse.own_limit("pg-rkl-is") is None and worse.for_loss("pg-rkl-is")[0] == pooled
+    assert "predicts 2 of its 4 held-out levels right, the pooled one 3" in worse.for_loss("pg-rkl-is")[3]
+    assert f"| pg-rkl-is | 4 | 2 | {pg['limit']:.3g} | [0.0042, 0.0315] | — | 2 of 4 | 3 of 4 | 2 | pooled |" in (
+        admission_markdown(worse))
 
 
 def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):

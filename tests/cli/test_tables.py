@@ -33,3 +33,23 @@ def test_progress_off_a_terminal_is_plain_lines():
         for done in range(4):
             bars.update("sweep", done, 3)
     assert len(buffer.getvalue().splitlines()) == 4
+
+
+def test_the_thresholds_table_names_each_losss_first_step_and_window_limits():
+    """`mismatch thresholds` prints the per-loss limits under its table, first-step and window, each with the
+    interval the data pin it to; the shipped thresholds hold both for the two losses the study decided."""
+    import io
+
+    from rich.console import Console
+
+    from mismatch.admission.thresholds import load_thresholds
+    from mismatch.cli.tables import thresholds_table
+
+    t = load_thresholds()
+    buffer = io.StringIO()
+    Console(file=buffer, width=400).print(thresholds_table(t))
+    text = buffer.getvalue()
+    for where, per_loss in (("", t.loss_limits), (", window", t.loss_window_limits)):
+        assert per_loss and f"{t.primary}{where} per loss" in text
+        for loss, v in per_loss.items():
+            assert f"{loss} ≤ {v['limit']:.3g} [{v['bracket'][0]:.3g}, {v['bracket'][1]:.3g}]" in text
