@@ -8,5 +8,7 @@ cd "$(git rev-parse --show-toplevel)"
 out=${1:-results/study}
 mkdir -p "$out"
 cp -a experiments/real_study2/data/. "$out"/
-cp -an experiments/length_ladder/data/. "$out"/
+(cd experiments/length_ladder/data && find . -type f) | while read -r f; do  # the first folder's copy wins
+  [ -e "$out/$f" ] || { mkdir -p "$(dirname "$out/$f")"; cp -a "experiments/length_ladder/data/$f" "$out/$f"; }
+done
 echo "restored $(ls "$out"/_sweep/*.json | wc -l) finished tasks into $out"

@@ -25,12 +25,15 @@ from compact import finished_runs  # the study data's own notion of a finished r
 
 def _held(folders: list[Path]) -> set[str]:
     """Paths (relative to their folder) of every file the folders hold."""
-    return {str(p.relative_to(f)) for f in folders if f.is_dir() for p in f.rglob("*") if p.is_file()}
+    return {str(p.relative_to(f)) for f in folders if f.is_dir() for p in f.rglob("*") if p.is_file()}  # target: maybe new
 
 
 def save(results: Path, target: Path, besides: list[Path]) -> tuple[int, int]:
     """Copy `results`' finished runs' parts and done ledger records that none of `target` and `besides` holds into
     `target`; returns (parts copied, ledger records copied)."""
+    for folder in besides:
+        if not folder.is_dir():
+            raise SystemExit(f"error: --besides {folder} is not a folder")
     if not (results / "_sweep").is_dir():
         raise SystemExit(f"error: {results} has no sweep ledger (_sweep/): not a results folder of `mismatch sweep`")
     held, done = _held([target, *besides]), finished_runs(results)
@@ -46,8 +49,11 @@ def save(results: Path, target: Path, besides: list[Path]) -> tuple[int, int]:
             (target / "_sweep").mkdir(parents=True, exist_ok=True)
             shutil.copy2(ledger, target / name)
             records += 1
-    if (results / "_cache").is_dir():
-        shutil.copytree(results / "_cache", target / "_cache", dirs_exist_ok=True)
+    for cached in sorted(p for p in (results / "_cache").rglob("*") if p.is_file()):  # step-0 evaluations, once
+        name = str(cached.relative_to(results))
+        if name not in held:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(cached, target / name)
     return parts, records
 
 

@@ -18,10 +18,10 @@ and is uncertain otherwise. Staleness and reuse cannot be seen in the checkpoint
 behind yet). Given a teacher, the check measures the pipeline on the checkpoint — its format, its lag and
 reuse, or a format that also lags (`mismatch.admission.lagged`: the pipeline's first OPD steps under the
 user's trainer settings, the study's own step) — and judges that window statistic against the limit fitted on
-every source, the trainer's loss's own where the study fitted one (`Thresholds.for_loss(loss, window=True)`): the statistic that transfers across sources decides, the first-step
-gate is shown beside it. Without one it carries over the study's verdict of a lag only where the study ran the
-user's settings (`Pipeline.trainer`: lr, β1, loss, TIS) near the pipeline's response length, and is uncertain
-otherwise.
+every source, the trainer's loss's own where the check uses one (`Thresholds.for_loss(loss, window=True)`):
+the statistic that transfers across sources decides, the first-step gate is shown beside it. Without one it
+carries over the study's verdict of a lag only where the study ran the user's settings (`Pipeline.trainer`:
+lr, β1, loss, TIS) near the pipeline's response length, and is uncertain otherwise.
 
 The fitted limit rests on first-step values, and the statistic moves during training (`Thresholds.drift`:
 the study's in-training peak over the first step, per source). Without a teacher the check judges the

@@ -157,7 +157,7 @@ def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None,
 
 def window_gates(table: Thresholds, loss: str | None = None) -> list[Gate]:
     """The window gate of `table` for a trainer's `loss`: its primary statistic's window limit, fitted on every
-    source's decided levels — the loss's own where the study fitted one (`Thresholds.for_loss(loss,
+    source's decided levels — the loss's own where the check uses one (`Thresholds.for_loss(loss,
     window=True)`), else the one pooled over losses — what a pipeline's window statistic, the mean over
     `table.window_steps` OPD steps, is judged against; empty when the table holds no window limit (a file
     written before they were fitted)."""

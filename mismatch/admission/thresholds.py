@@ -85,7 +85,8 @@ class Thresholds:
     # where they lie on both sides of it (`loss_limits_from`): `limit`, `bracket`, `levels`, `not_tolerated`,
     # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`,
     # and the pooled limit's on the same levels, `pooled_held_out_levels`, `pooled_held_out_right`);
-    # the check judges a trainer's loss by its own (`for_loss`), by the pooled limit where the loss has none
+    # the check judges a trainer's loss by its own where that predicts the held-out levels at least as well as the
+    # pooled limit (`own_limit`, `for_loss`), else by the pooled limit
     loss_limits: dict[str, dict] = field(default_factory=dict)
     # the same per loss for the primary statistic's window limit, fitted on the loss's decided levels of every
     # source (`window_limits`' levels, split by loss); the check's gate with a teacher for a trainer's loss
@@ -115,9 +116,11 @@ class Thresholds:
 
     def own_limit(self, loss: str, *, window: bool = False) -> dict | None:
         """`loss`'s own limit (its `loss_limits` / `loss_window_limits` entry) where the check uses it: where,
-        leaving one pair out, it predicts the loss's levels at least as well as the pooled limit does."""
+        leaving one pair out, it predicts the loss's levels at least as well as the pooled limit does (a loss whose
+        levels come from one pair has no held-out record of its own to compare: its own limit is used)."""
         own = (self.loss_window_limits if window else self.loss_limits).get(loss)
-        if own is None or own["held_out_right"] < own.get("pooled_held_out_right", -1):
+        compared = own is not None and own["held_out_levels"] == own.get("pooled_held_out_levels")  # the same levels
+        if own is None or (compared and own["held_out_right"] < own["pooled_held_out_right"]):
             return None
         return own
 
