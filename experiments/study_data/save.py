@@ -25,7 +25,7 @@ from compact import finished_runs  # the study data's own notion of a finished r
 
 def _held(folders: list[Path]) -> set[str]:
     """Paths (relative to their folder) of every file the folders hold."""
-    return {str(p.relative_to(f)) for f in folders if f.is_dir() for p in f.rglob("*") if p.is_file()}  # target: maybe new
+    return {str(p.relative_to(f)) for f in folders if f.is_dir() for p in f.rglob("*") if p.is_file()}
 
 
 def save(results: Path, target: Path, besides: list[Path]) -> tuple[int, int]:

@@ -99,12 +99,12 @@ class Thresholds:
         the study decided levels of it on both sides and, leaving one pair out, it predicts the loss's levels at
         least as well as the limit pooled over losses does; else the pooled one (also for `loss` None)."""
         per_loss = self.loss_window_limits if window else self.loss_limits
-        own = per_loss.get(loss) if loss is not None else None
-        worse = own is not None and self.own_limit(loss, window=window) is None
-        if own is None or worse:
-            why = (f" ({loss}'s own limit predicts {own['held_out_right']} of its {own['held_out_levels']} held-out "
-                   f"levels right, the pooled one {own['pooled_held_out_right']})" if worse else
-                   f" (no limit of {loss}'s own)" if loss is not None and per_loss else "")
+        fitted = per_loss.get(loss) if loss is not None else None
+        own = self.own_limit(loss, window=window) if fitted is not None else None
+        if own is None:
+            why = (f" ({loss}'s own limit predicts {fitted['held_out_right']} of its {fitted['held_out_levels']} "
+                   f"held-out levels right, the pooled one {fitted['pooled_held_out_right']})" if fitted is not None
+                   else f" (no limit of {loss}'s own)" if loss is not None and per_loss else "")
             pooled = "every loss's levels" + why
             if window:
                 return (self.window_limits.get(self.primary, math.nan),

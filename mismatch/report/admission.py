@@ -85,11 +85,12 @@ def admission_markdown(t: Thresholds) -> str:
 def _loss_lines(t: Thresholds) -> list[str]:
     """The primary statistic's limits per loss — first-step (`Thresholds.loss_limits`) and window
     (`loss_window_limits`) — each with its leave-one-pair-out record within the loss beside the pooled limit's."""
-    tables = [(f"`{t.primary}`, first step", t.loss_limits, "the pooled limit above", "each loss's decided levels"),
-              (f"`window:{t.primary}`", t.loss_window_limits, "the pooled window limit (admission_transfer.md)",
+    tables = [(False, f"`{t.primary}`, first step", t.loss_limits, "the pooled limit above",
+               "each loss's decided levels"),
+              (True, f"`window:{t.primary}`", t.loss_window_limits, "the pooled window limit (admission_transfer.md)",
                "each loss's decided levels of every source (lags included)")]
     lines: list[str] = []
-    for window, (name, per_loss, pooled, levels) in zip((False, True), tables):
+    for window, name, per_loss, pooled, levels in tables:
         if not per_loss:
             continue
         lines += ["", f"## {name}: limit per loss (`mismatch check --loss`)", "",
