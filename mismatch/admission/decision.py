@@ -143,7 +143,8 @@ def gate_statistics() -> set[str]:
 def resolve_gates(thresholds: Thresholds | str | Path | dict[str, float] | None, table: Thresholds,
                   loss: str | None = None) -> list[Gate]:
     """The given `{metric: limit}` gates, else the fitted gate of `table` (the resolved thresholds) for a trainer's
-    `loss` (`Thresholds.for_loss`: the loss's own limit where the study fitted one, else the pooled one)."""
+    `loss` (`Thresholds.for_loss`: the loss's own limit where the study fitted one and `Thresholds.own_limit`
+    keeps it — its leave-one-pair-out record at least the pooled limit's — else the pooled one)."""
     if isinstance(thresholds, dict):
         if not thresholds:
             raise InputError("no gate: give at least one {statistic: limit}")

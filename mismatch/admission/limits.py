@@ -63,12 +63,15 @@ def confusion(x: np.ndarray, tolerated: np.ndarray, limit: float) -> dict[str, i
 
 def held_out_predictions(points: pd.DataFrame, statistic: str) -> pd.DataFrame:
     """Leave one pair out, each pair in turn: every level of `points` (a DataFrame with `pair`, `tolerated`
-    and the `statistic` column) of the held-out pair with the limit fitted on the other pairs (`limit`) and
-    whether it admits the level (`admitted`; False where the statistic is missing), beside its label."""
+    and the `statistic` column) of the held-out pair with the limit fitted on the other pairs (`limit`),
+    whether it admits the level (`admitted`; False where the statistic is missing) and whether that agrees
+    with the level's label (`right`: admitted == tolerated)."""
     out = []
     for pair in sorted(points["pair"].unique()):
         train, test = points[points["pair"] != pair], points[points["pair"] == pair]
         limit = fit_limit(train[statistic].to_numpy(), train["tolerated"].to_numpy())
-        out.append(test.assign(held_out=pair, limit=limit,
-                               admitted=test[statistic].to_numpy(dtype=float) <= limit))
-    return pd.concat(out, ignore_index=True) if out else points.assign(held_out=[], limit=[], admitted=[])
+        admitted = test[statistic].to_numpy(dtype=float) <= limit
+        out.append(test.assign(held_out=pair, limit=limit, admitted=admitted,
+                               right=admitted == test["tolerated"].to_numpy(dtype=bool)))
+    return (pd.concat(out, ignore_index=True) if out
+            else points.assign(held_out=[], limit=[], admitted=[], right=[]))

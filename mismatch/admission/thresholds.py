@@ -243,8 +243,8 @@ def loss_limits_from(decided: pd.DataFrame, statistic: str = PRIMARY) -> dict[st
         held, theirs = _held_out(levels, statistic), pooled[pooled["loss"] == loss]
         out[str(loss)] = {"limit": limit, "bracket": bracket(x, tolerated, limit), "levels": len(levels),
                           "not_tolerated": int((~tolerated).sum()), "response_tokens": _span(levels["response_tokens"]),
-                          "held_out_levels": len(held), "held_out_right": _right(held),
-                          "pooled_held_out_levels": len(theirs), "pooled_held_out_right": _right(theirs),
+                          "held_out_levels": len(held), "held_out_right": int(held["right"].sum()),
+                          "pooled_held_out_levels": len(theirs), "pooled_held_out_right": int(theirs["right"].sum()),
                           "always_admit_right": int(held["tolerated"].astype(bool).sum())}
     return out
 
@@ -252,11 +252,6 @@ def loss_limits_from(decided: pd.DataFrame, statistic: str = PRIMARY) -> dict[st
 def _held_out(levels: pd.DataFrame, statistic: str) -> pd.DataFrame:
     """`held_out_predictions` of `levels`; with one pair (no other to fit on) an empty frame with its columns."""
     return held_out_predictions(levels if levels["pair"].nunique() > 1 else levels.iloc[:0], statistic)
-
-
-def _right(predicted: pd.DataFrame) -> int:
-    """How many of `held_out_predictions`' levels its limits predict right."""
-    return int((predicted["admitted"] == predicted["tolerated"].astype(bool)).sum())
 
 
 def lagged_verdicts(levels: pd.DataFrame) -> list[dict]:

@@ -56,7 +56,8 @@ def check(
     threads: Threads = None,
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --dump FILE) safe for OPD on MODEL?
-    The trainer's --loss picks the fitted limit (its own where the study fitted one). Exit 0 admit, 1 reject,
+    The trainer's --loss picks the fitted limit: its own where the study fitted one and, leaving one pair out,
+    it predicts the loss's levels at least as well as the pooled limit; else the pooled one. Exit 0 admit, 1 reject,
     3 uncertain, 2 error."""
     early(models=(model, *((teacher,) if teacher else ())), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
                                                      ("thresholds file not found: {path}", thresholds),

@@ -142,8 +142,7 @@ def _breakdown(decided: pd.DataFrame, statistic: str, by: tuple[str, ...]) -> li
     beside always admitting and always rejecting the same levels."""
     decided = decided[np.isfinite(decided[statistic].to_numpy(dtype=float))]
     pred = held_out_predictions(decided, statistic)
-    pred = pred.assign(right=pred["admitted"] == pred["tolerated"].astype(bool),
-                       length=pred["response_tokens"].map(_length_bucket))
+    pred = pred.assign(length=pred["response_tokens"].map(_length_bucket))
     lines = ["| by | group | levels | right | always admit | always reject |", "|---|---|---|---|---|---|"]
     for column in by:
         for group, g in pred.groupby(column, sort=True):
@@ -167,7 +166,6 @@ def _held_out_on_kl(t: Thresholds) -> list[str]:
     if kl["pair"].nunique() < 2:
         return []
     held = held_out_predictions(kl, t.primary)
-    held = held.assign(right=held["admitted"] == held["tolerated"])
     per_pair = held.groupby("held_out", sort=True).agg(limit=("limit", "first"), levels=("right", "size"),
                                                         right=("right", "sum"), tolerated=("tolerated", "sum"))
     lines = ["", f"### {t.primary} leaving one pair out, labelled by the KL ratio alone", "",

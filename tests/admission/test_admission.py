@@ -281,20 +281,27 @@ def test_the_fitted_gate_is_the_trainers_losss_own_limit_and_its_lengths():
 def test_the_window_gate_is_the_trainers_losss_own_window_limit():
     """With a teacher the deciding gate — the pipeline's window statistic measured on the checkpoint — is judged
     against the trainer's loss's own window limit (`Thresholds.loss_window_limits`) where the study fitted one,
-    against the pooled window limit for a loss without one."""
+    against the pooled window limit for a loss without one — each with the response lengths that limit was
+    fitted at (the length note), not the first-step limits' lengths."""
     lm, teacher = mismatch.load("tiny-llama"), mismatch.load("tiny-llama", seed=1)
     table = _thresholds(1.0, LAGGED)
     table.window_limits = {"mismatch_kl": 0.5}
+    table.response_tokens, table.window_response_tokens = [10.0, 20.0], [1.0, 3.0]
     table.loss_window_limits = {"pg-rkl-is": {"limit": 7.0, "bracket": [6.0, 8.0], "levels": 4, "not_tolerated": 2,
-                                              "response_tokens": [], "held_out_levels": 0, "held_out_right": 0,
+                                              "response_tokens": [1.0, 2.0], "held_out_levels": 0, "held_out_right": 0,
                                               "pooled_held_out_levels": 0, "pooled_held_out_right": 0,
                                               "always_admit_right": 0}}
     cal = CalibrationSettings(prompts=PROMPTS, max_new_tokens=6, chat=False)
-    got = {loss: check(lm, "stale:1", calibration=cal, pipeline=Pipeline(trainer=TrainerSettings(lr=3e-2, loss=loss)),
-                       thresholds=table, teacher=teacher, seed=4).decisions[-1] for loss in ("pg-rkl-is", "full-rkl")}
+    reports = {loss: check(lm, "stale:1", calibration=cal, thresholds=table, teacher=teacher, seed=4,
+                           pipeline=Pipeline(trainer=TrainerSettings(lr=3e-2, loss=loss)))
+               for loss in ("pg-rkl-is", "full-rkl")}
+    got = {loss: r.decisions[-1] for loss, r in reports.items()}
     assert all(d.metric == "measured/stale:1/window:mismatch_kl" for d in got.values())
     assert got["pg-rkl-is"].limit == 7.0 and "pg-rkl-is's levels alone" in got["pg-rkl-is"].source
     assert got["full-rkl"].limit == 0.5 and "no limit of full-rkl's own" in got["full-rkl"].source
+    fitted_at = {loss: [n for n in r.notes if "the limits were fitted at" in n] for loss, r in reports.items()}
+    assert len(fitted_at["pg-rkl-is"]) == len(fitted_at["full-rkl"]) == 1
+    assert "fitted at 1–2 tokens" in fitted_at["pg-rkl-is"][0] and "fitted at 1–3 tokens" in fitted_at["full-rkl"][0]
 
 
 def test_a_lag_is_measured_in_the_trainers_precision():

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mismatch.admission.limits import bracket, fit_limit
+from mismatch.admission.limits import bracket, fit_limit, held_out_predictions
 from mismatch.admission.thresholds import Thresholds, thresholds_from_rows, validate
 from mismatch.opd.config import OPDConfig
 from tests.conftest import opd_rows
@@ -144,6 +144,19 @@ def test_validate_on_points_counts_by_hand():
     assert (rows["a"]["admit_tolerated"], rows["a"]["reject_not"]) == (1, 1)
     assert rows["b"]["limit"] == pytest.approx(math.sqrt(0.1 * 1.0))
     assert (rows["b"]["admit_tolerated"], rows["b"]["reject_not"], rows["b"]["admit_not"]) == (1, 1, 0)
+
+
+def test_held_out_predictions_say_which_levels_their_limit_gets_right():
+    """`right` is admitted == tolerated with the limit fitted on the other pair: b's 0.3 is not tolerated but
+    sits under a's limit √(0.1·1.0) ≈ 0.316 (admitted: wrong); a's levels straddle b's limit √(0.2·0.3)."""
+    points = pd.DataFrame({"pair": ["a", "a", "b", "b", "b"], "s": [0.1, 1.0, 0.2, 0.5, 0.3],
+                           "tolerated": [True, False, True, False, False]})
+    held = held_out_predictions(points, "s").set_index(["pair", "s"])
+    assert held.loc[("b", 0.3), "limit"] == pytest.approx(math.sqrt(0.1 * 1.0))
+    assert held.loc[("a", 0.1), "limit"] == pytest.approx(math.sqrt(0.2 * 0.3))
+    assert held["right"].to_dict() == {("a", 0.1): True, ("a", 1.0): True, ("b", 0.2): True, ("b", 0.5): True,
+                                       ("b", 0.3): False}
+    assert list(held_out_predictions(points.iloc[:0], "s").columns)[-1] == "right"
 
 
 # the sampled-token loss on two of the pairs, breaking where full-rkl keeps up: first-step mismatch_kl and Δ points
