@@ -11,6 +11,9 @@ $BIN/mismatch check smollm2-135m --rollout fp8-e4m3:channel,w8a8,scaled_mm --ref
 $BIN/mismatch check smollm2-concise:student --rollout int4:group128 --no-recipe --threads 1 --json > $out/concise_int4.json
 $BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --no-recipe --threads 1 --json > $out/pruned_int4.json
 $BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --layers 4-6,9-10,12-13 --no-recipe --threads 1 --json > $out/pruned_int4_recipe.json
+# the recipe again under the per-loss limits (2026-12-05: full-rkl's own first-step limit admits it), beside the
+# record the page quotes first
+$BIN/mismatch check smollm2-pruned:student --rollout int4:group128 --layers 4-6,9-10,12-13 --no-recipe --threads 1 --json > $out/pruned_int4_recipe_per_loss.json
 # the held-out cases of sweeps/validation.toml (issue 34 §4), decided by the check before any run of them: their
 # committed JSON is that pre-registered record (2026-12-03), so a rerun writes beside it, not over it
 $BIN/mismatch check smollm2-concise:student --rollout int4:group128 --layers 0 --no-recipe --threads 1 --json > $out/concise_int4_block0.rerun.json

@@ -192,7 +192,8 @@ def _drift_lines(t: Thresholds) -> list[str]:
     limit = t.limits[t.primary]
     lines = ["", "## Drift margin", "",
              f"Per static source, the in-training peak of {t.primary} over its first-step value across the study's "
-             "levels (admission_transfer.md): the fitted limit absorbed the median drift; a run drifting as the "
+             "levels outside the length ladder's rungs (admission_transfer.md's drift table counts them too): the "
+             "fitted limit absorbed the median drift; a run drifting as the "
              "largest did meets it from limit × margin, where the check answers uncertain. *Moved* counts the "
              "decided levels of the source whose first-step value lies between the two.", "",
              "| source | levels | median | largest | margin | lowered limit | moved: tolerated | moved: not |",

@@ -34,7 +34,9 @@ def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=fami
     csv, md = out_dir / "length_law.csv", out_dir / "length_law.md"
     table.to_csv(csv, index=False)
     lines = ["# Tolerated mismatch against response length", "",
-             "Per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl` (nats): `low`, the "
+             "Per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl` (nats; a level's mean "
+             "over its runs' steps, as in tolerance_levels.csv, not the first step's value the check measures): "
+             "`low`, the "
              "largest level tolerated with every smaller one tolerated; `high`, the smallest not tolerated; judged "
              "on the held-out KL ratio alone at every length (an exact-match accuracy falls towards 0 as responses "
              "grow). The exponents b of the power laws limit(T) = c·T^b passing through every bracket form the "
