@@ -2,7 +2,9 @@
 
 Reads the level table only (`mismatch.analysis.tolerance.level_table`), no torch. A *ladder* is one continuous
 mismatch knob (the noise σ) at one response length: its levels, ordered by their measured per-token
-`mismatch_kl`, are read as the tolerance table reads them — the limit lies at or above the largest level
+`mismatch_kl` at the first step (`first_mismatch_kl`, before any update: the statistic `mismatch check` measures
+and scales by the law; a level's mean over its steps drifts down more at longer responses), are read as the
+tolerance table reads them — the limit lies at or above the largest level
 tolerated with every smaller one tolerated too (`low`), and below the smallest level not tolerated
 (`high`); undecided levels lie inside the bracket and do not narrow it. A bracket open on one side is
 censored (`high` = ∞ or `low` = 0).
@@ -27,35 +29,38 @@ from scipy.optimize import linprog
 from mismatch.pairs.catalog import PAIRS
 
 HYPOTHESES = {"per token (b = 0)": 0.0, "b = −½": -0.5, "per sequence (b = −1)": -1.0}
+STATISTIC = "first_mismatch_kl"  # a level's first-step mismatch_kl, mean over its seeds (`level_table`)
 
 
-def brackets(levels: pd.DataFrame, *, by: list[str], verdict: str = "verdict") -> pd.DataFrame:
+def brackets(levels: pd.DataFrame, *, by: list[str], verdict: str = "verdict",
+             statistic: str = "mismatch_kl") -> pd.DataFrame:
     """Per group of `by` (e.g. the pair and settings of one length): the ladder's bracket on the
-    tolerated per-token `mismatch_kl`.
+    tolerated per-token `statistic`.
 
     Args:
-        levels: level rows with `mismatch_kl`, `verdict`, `response_tokens` and the `by` columns; pass
+        levels: level rows with `statistic`, `verdict`, `response_tokens` and the `by` columns; pass
             one knob's levels only (e.g. the noise ladder).
         verdict: the column read as each level's verdict (`kl_verdict`: the KL ratio's alone, the same
             criterion at every length, where an exact-match accuracy would fall towards 0 with length).
+        statistic: the mismatch the ladder is ordered and bracketed by (`STATISTIC` for the length law).
 
     Returns:
         One row per group: the `by` columns, `response_tokens` (mean over the ladder's levels), `low`
-        (mismatch_kl of the largest level tolerated with every smaller one tolerated; 0 when the
+        (`statistic` of the largest level tolerated with every smaller one tolerated; 0 when the
         smallest is not), `high` (of the smallest level not tolerated; ∞ when none is), `levels`,
         `undecided` (levels inside the bracket, uncertain).
     """
     out = []
     for key, group in levels.groupby(by, sort=True):
-        ladder = group.sort_values("mismatch_kl", kind="stable")
+        ladder = group.sort_values(statistic, kind="stable")
         low = 0.0
-        for kl, word in zip(ladder["mismatch_kl"], ladder[verdict]):
+        for kl, word in zip(ladder[statistic], ladder[verdict]):
             if word != "tolerated":
                 break
             low = float(kl)
-        refused = ladder[ladder[verdict] == "not tolerated"]["mismatch_kl"]
+        refused = ladder[ladder[verdict] == "not tolerated"][statistic]
         high = float(refused.min()) if len(refused) else math.inf
-        inside = ladder[(ladder["mismatch_kl"] > low) & (ladder["mismatch_kl"] < high)]
+        inside = ladder[(ladder[statistic] > low) & (ladder[statistic] < high)]
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         row.update(response_tokens=float(ladder["response_tokens"].mean()), low=low, high=high, levels=len(ladder),
                    undecided=int((inside[verdict] == "uncertain").sum()))
@@ -185,7 +190,8 @@ def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, 
     for key, group in noise.groupby(["family", "loss", "base_settings"], sort=True):
         if len(group[["pair", "max_new_tokens"]].drop_duplicates()) < 2:
             continue
-        table = brackets(group, by=["pair", "max_new_tokens"], verdict="kl_verdict").sort_values("response_tokens")
+        table = brackets(group, by=["pair", "max_new_tokens"], verdict="kl_verdict",
+                         statistic=STATISTIC).sort_values("response_tokens")
         law = length_law(table)
         laws.append((key, law))
         tables.append(table.assign(family=key[0], loss=key[1], settings=key[2], b_low=law.b_low, b_high=law.b_high,

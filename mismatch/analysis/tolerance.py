@@ -146,7 +146,8 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                 design: Design = DEFAULT_DESIGN) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
     over seeds; runs sharing a seed are averaged into one value first), judged by `judge_level` under
-    the sequential `design`: seeds (distinct), the look reached, mean mismatch_kl, Δ accuracy and KL
+    the sequential `design`: seeds (distinct), the look reached, mean mismatch_kl (each run's mean over its steps)
+    and first_mismatch_kl (each run's first step, before any update: the length law's statistic), Δ accuracy and KL
     ratio with their half-widths, sds, degrees of freedom and the sd's basis (own or pooled with the
     pair's A/A level), the verdict, each mean's distance from its threshold on the allowed side
     (`acc_margin` = Δ + acc_tol, `kl_margin` = 1 + kl_tol − ratio: negative beyond it), the evaluation's
@@ -162,8 +163,8 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
     judged = runs[~runs["clean"] & (runs["baseline"] != "") & runs["complete"]]  # unfinished runs are not judged
     # grouped by the level's repr: pandas factorizes 1 and 1.0 (stale:1, noise:1.0) as one value
     judged = judged.assign(level_key=judged["level"].map(repr))
-    columns = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se", "kl_ratio_mc_se",
-               "kl_auc_ratio"]
+    columns = ["acc_delta", "kl_ratio", "mismatch_kl", "first_mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se",
+               "kl_ratio_mc_se", "kl_auc_ratio"]
     groups = []
     for (pair, source, settings, _), runs_of in judged.groupby(["pair", "source", "settings", "level_key"], sort=False):
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
@@ -188,6 +189,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                                judge_accuracy=bool(metrics) and all(judges_accuracy(m) for m in metrics)))
         row.update({"seeds": len(group),
                     "mismatch_kl": float(group["mismatch_kl"].mean()),
+                    "first_mismatch_kl": float(group["first_mismatch_kl"].mean()) if "first_mismatch_kl" in group else math.nan,
                     "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),
                     "response_tokens": float(runs_of["response_tokens"].mean()) if "response_tokens" in runs_of else math.nan,
                     **dict(zip(("kl_auc_ratio", "kl_auc_ratio_hw"), t_interval(group["kl_auc_ratio"].dropna())

@@ -50,6 +50,13 @@ def mean_value(rows: list[dict], metric: str) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def first_value(rows: list[dict], metric: str) -> float:
+    """The metric at the earliest step that recorded it (NaN if none did): for `mismatch_kl`, the first step's
+    value, before any update — what `mismatch check` measures."""
+    values = [(r["step"], r["value"]) for r in rows if r["metric"] == metric]
+    return min(values, key=lambda sv: sv[0])[1] if values else math.nan
+
+
 def kl_curve_area(rows: list[dict], steps: list[int]) -> float:
     """Area under the held-out reverse-KL curve over `steps` (trapezoids between the evaluations), ÷ the
     steps' span: the curve's mean height. NaN unless every step of `steps` (≥ 2) recorded `heldout_rkl`."""
@@ -123,7 +130,8 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
 
     Columns: run_id, pair, rollout (label), clean (bool), seed, baseline (run_id of the clean run it is
     judged against; a clean run's own id; "" when it has none), mismatch_kl (mean over steps of the per-step rollout/training KL on
-    the rollout tokens, nats), mismatch_logp_abs_diff_mean, copy_kl_fwd_mean (mean over the evaluations
+    the rollout tokens, nats), first_mismatch_kl (its value at the first step, before any update: the check's statistic),
+    mismatch_logp_abs_diff_mean, copy_kl_fwd_mean (mean over the evaluations
     after step 0 of the rollout copy's full-vocabulary KL to the student, `mismatch.opd.evaluate.probe_copy`; NaN without), heldout_rkl (final, nats),
     heldout_accuracy (final, fraction: the study's accuracy, `accuracy_metric`, which names it), kl_ratio, acc_delta (fraction), kept_up (means within the thresholds; None for clean
     runs and runs without a baseline; one run's comparison — `mismatch.analysis.tolerance.run_verdicts` gives
@@ -144,6 +152,7 @@ def verdict_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANC
                       "seed": cfg.get("seed"),
                       "baseline": base_id if not is_clean else cfg["run_id"],
                       "mismatch_kl": mean_value(metrics, "mismatch_kl"),
+                      "first_mismatch_kl": first_value(metrics, "mismatch_kl"),
                       "mismatch_logp_abs_diff_mean": mean_value(metrics, "mismatch_logp_abs_diff_mean"),
                       "copy_kl_fwd_mean": mean_value([m for m in metrics if m["step"] > 0], "copy_kl_fwd_mean"),
                       "heldout_rkl": final_value(metrics, "heldout_rkl"),

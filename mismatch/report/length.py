@@ -5,7 +5,7 @@
 whose `PairSpec.build` is one build, as the sortk rungs were to be: experiments/length_ladder/), or one pair
 run at several `max_new_tokens` (the cap the settings name; `sweeps/length.toml` on smollm2-pruned), under
 the same loss and other settings — and writes, when there are at least two lengths:
-  * `length_law.csv` — per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl`,
+  * `length_law.csv` — per length, the noise ladder's bracket on the tolerated per-token first-step `mismatch_kl`,
     judged on the KL ratio alone (`kl_verdict`: one criterion at every length), with the law's exponent
     interval on each row;
   * `length_law.md` — those brackets, the exponents they allow (and the hypotheses per token, b = −½, per
@@ -34,9 +34,10 @@ def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=fami
     csv, md = out_dir / "length_law.csv", out_dir / "length_law.md"
     table.to_csv(csv, index=False)
     lines = ["# Tolerated mismatch against response length", "",
-             "Per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl` (nats; a level's mean "
-             "over its runs' steps, as in tolerance_levels.csv, not the first step's value the check measures): "
-             "`low`, the "
+             "Per length, the noise ladder's bracket on the tolerated per-token `mismatch_kl` at the first step "
+             "(nats; `first_mismatch_kl`, a level's mean over its seeds of the value before any update: what the "
+             "check measures and scales by the law; tolerance_levels.csv's `mismatch_kl` is the mean over the runs' "
+             "steps, which falls more during training at longer responses): `low`, the "
              "largest level tolerated with every smaller one tolerated; `high`, the smallest not tolerated; judged "
              "on the held-out KL ratio alone at every length (an exact-match accuracy falls towards 0 as responses "
              "grow). The exponents b of the power laws limit(T) = c·T^b passing through every bracket form the "
@@ -53,7 +54,7 @@ def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=fami
                        & (every["loss"] == loss) & (every["base_settings"] == settings)]
         if len(others):
             lines += ["Other levels at each length:", "", markdown_table(others[[
-                "pair", "max_new_tokens", "source", "level", "response_tokens", "mismatch_kl", "kl_ratio",
+                "pair", "max_new_tokens", "source", "level", "response_tokens", "first_mismatch_kl", "kl_ratio",
                 "kl_ratio_hw", "seeds", "kl_verdict", "verdict"]]), ""]
     md.write_text("\n".join(lines))
     return [csv, md]

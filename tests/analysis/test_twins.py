@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from mismatch.verdict import Tolerance
 from mismatch.cli.app import app
-from mismatch.analysis.twins import accuracy_metric, final_value, kl_curve_area, verdict, verdict_table
+from mismatch.analysis.twins import accuracy_metric, final_value, first_value, kl_curve_area, verdict, verdict_table
 from mismatch.results import read_results
 
 
@@ -24,6 +24,15 @@ def test_final_value_takes_the_last_step():
     rows = _rows({0: 5.0, 10: 3.0, 20: 2.0}, {})
     assert final_value(rows, "heldout_rkl") == 2.0
     assert math.isnan(final_value(rows, "heldout_accuracy"))
+
+
+def test_first_value_takes_the_earliest_step_that_recorded_it():
+    """A run's first-step mismatch (the check's statistic, the length law's) is the earliest recorded value, in
+    whatever order the rows come; the mean over steps is another number once the statistic drifts."""
+    rows = [{"step": s, "metric": "mismatch_kl", "value": v} for s, v in ((3, 0.2), (1, 0.8), (2, 0.5))]
+    rows += [{"step": 0, "metric": "heldout_rkl", "value": 5.0}]
+    assert first_value(rows, "mismatch_kl") == 0.8
+    assert math.isnan(first_value(rows, "heldout_accuracy"))
 
 
 def test_verdict_thresholds():
