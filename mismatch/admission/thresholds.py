@@ -34,7 +34,7 @@ import pandas as pd
 
 from mismatch.admission.limits import (LAGGED_SOURCES, STATIC_SOURCES, STATISTICS, bracket, confusion, fit_limit,
                                        held_out_predictions)
-from mismatch.admission.transfer import WINDOW, drift_table, level_points
+from mismatch.admission.transfer import WINDOW, drift_table, first_step_statistics, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
 from mismatch.analysis.length import family, is_rung, length_tables
@@ -184,13 +184,6 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     return Thresholds.from_json(DEFAULT_FILE if path is None else path)
 
 
-def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per OPD run (`run_id` index): each `STATISTICS` metric at step 1 (before any update)."""
-    first = rows[(rows["kind"] == "opd") & (rows["level"] == "step") & (rows["step"] == 1)
-                 & rows["metric"].isin(STATISTICS)]
-    return first.pivot_table(index="run_id", columns="metric", values="value", aggfunc="last")
-
-
 def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """One row per pair × source × settings × level of the static sources: the mean over seeds of
     each first-step statistic, the level's tolerance numbers and verdict, `decided` (the verdict is
@@ -202,7 +195,8 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     runs = runs.drop(columns=[c for c in stats.columns if c in runs]).join(stats, on="run_id")
     keys = ["pair", "source", "settings", "level"]
     means = runs[~runs["clean"]].groupby(keys, sort=False)[list(stats.columns)].mean()
-    levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"})  # mean over the whole run
+    # the level table's mean over the whole run kept apart; its first_mismatch_kl is the points' mismatch_kl
+    levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"}).drop(columns="first_mismatch_kl", errors="ignore")
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
     points = points.assign(level=points["level"].map(str), decided=points["verdict"] != "uncertain",
                            tolerated=points["verdict"] == "tolerated")

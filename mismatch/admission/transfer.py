@@ -57,6 +57,14 @@ def candidates() -> list[str]:
             *(f"copy:{s.removeprefix('copy_')}" for s in COPY_STATISTICS), GAP]
 
 
+def first_step_statistics(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per OPD run (`run_id` index): each `STATISTICS` metric at step 1, before any update (what the check
+    measures; the level table's `first_mismatch_kl` is this `mismatch_kl`'s mean over a level's seeds)."""
+    first = rows[(rows["kind"] == "opd") & (rows["level"] == "step") & (rows["step"] == 1)
+                 & rows["metric"].isin(STATISTICS)]
+    return first.pivot_table(index="run_id", columns="metric", values="value", aggfunc="last")
+
+
 def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     """Per OPD run (`run_id` index) the candidates measurable on its own rows (all but `window:seq_kl`,
     which needs the level's response length): `first:S`, `window:S`, `copy:…` and `gap:heldout_rkl`; and,
@@ -71,14 +79,14 @@ def run_statistics(rows: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
     wide["lag"] = wide["run_id"].map(lag).astype(int)
     out = pd.DataFrame(index=pd.Index(sorted(wide["run_id"].unique()), name="run_id"))
     stats = [s for s in STATISTICS if s in wide]
-    first = wide[wide["step"] == 1].set_index("run_id")
+    first = first_step_statistics(rows).reindex(index=out.index, columns=stats)
     bounds = wide["lag"].map(lambda k: window_steps(k, window))
     in_window = wide[(wide["step"] >= bounds.str[0]) & (wide["step"] <= bounds.str[1])]
     means = in_window.groupby("run_id")[stats].mean()
     last = wide.groupby("run_id")["step"].transform("max")
     ends = wide[(wide["step"] > 0) & (wide["step"] > last - window)].groupby("run_id")[stats].mean()
     for s in stats:
-        out[f"first:{s}"] = first[s].reindex(out.index)
+        out[f"first:{s}"] = first[s]
         out[f"window:{s}"] = means[s].reindex(out.index)
     if "mismatch_kl" in ends:  # drift: where the statistic ends, not a candidate
         out["end:mismatch_kl"] = ends["mismatch_kl"].reindex(out.index)

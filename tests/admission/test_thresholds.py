@@ -10,6 +10,7 @@ import pytest
 
 from mismatch.admission.limits import bracket, fit_limit, held_out_predictions
 from mismatch.admission.thresholds import Thresholds, thresholds_from_rows, validate
+from mismatch.analysis.tolerance import analyse
 from mismatch.opd.config import OPDConfig
 from tests.conftest import opd_rows
 
@@ -92,6 +93,11 @@ def test_a_fit_on_a_study_separates_its_levels_and_validates_leaving_each_pair_o
     points = pd.DataFrame(t.points).set_index(["pair", "level"])
     assert points.loc[("sort-gpt2", "int4:group128"), "mismatch_kl"] == pytest.approx(0.03 * 1.05)  # mean of 3 seeds
     assert points.loc[("sort-gpt2", "int4:group128"), "run_mismatch_kl"] == pytest.approx(0.03 * 1.05 * 3)
+    # the first step's value once: the level table's first_mismatch_kl (twins.first_value) is the same number
+    assert "first_mismatch_kl" not in points
+    levels = analyse(study).levels.set_index(["pair", "level"])
+    for key, level in points[points["source"] == "format"].iterrows():
+        assert levels.loc[key, "first_mismatch_kl"] == pytest.approx(level["mismatch_kl"], rel=1e-12)
     assert not points.loc[("copy-x", "int4:group128"), "tolerated"] and points.loc[("copy-x", "fp8-e4m3:channel"),
                                                                                    "tolerated"]
     # the undecided level (0.5·1.05, tolerated by its mean) is listed but places no limit: with it the
