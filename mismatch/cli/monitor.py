@@ -25,6 +25,7 @@ def monitor(
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
     json_out: Json = False,
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
+    loss: Annotated[str | None, typer.Option(help="The trainer's loss (as `check --loss`: full-rkl, pg-rkl-is, …): the gating statistic's limit is that loss's own where the check uses one. Default: the limit pooled over losses (a log does not say its loss).")] = None,
     threads: Threads = None,
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step: at each logged
@@ -39,7 +40,7 @@ def monitor(
 
     settings = MonitorSettings(patience=patience, trend_steps=trend_steps, total_steps=total_steps)
     report = monitor_lib.monitor(log, thresholds=thresholds, settings=settings, run=run, out_dir=out_dir,
-                                 framework_config=framework_config)
+                                 framework_config=framework_config, loss=loss)
     for path in report.written:
         console.wrote(err, path)
     if json_out:

@@ -24,7 +24,10 @@ for the positions of its training forward, which by default are those the sample
   first batch against the first-step limit, then every `gate_every` optimizer steps the tokens of the last
   `gate_every` batches — a window statistic (pooled over tokens) — against the window limit
   (`Thresholds.window_limits`, what `check --teacher` and `mismatch monitor` judge by; over
-  `Thresholds.window_steps` = 10 steps, the default `gate_every`). Limits given as `{statistic: limit}`
+  `Thresholds.window_steps` = 10 steps, the default `gate_every`). The limits are those of the trainer's loss
+  (`trainer_loss`): TRL's generalized JSD at `beta` 1 (its default) is the study's `full-rkl`, judged by its
+  own limit where the check would use it (`Thresholds.for_loss`); any other `beta` is a loss the study did
+  not run, judged by the limits pooled over losses. Limits given as `{statistic: limit}`
   apply to every judgement. A
   reject is a violation: `on_violation="warn"` logs one warning line (statistic, interval, limit);
   `"stop"` ends training after that step with a checkpoint saved.
@@ -94,14 +97,23 @@ def _is_metrics(value) -> bool:
         isinstance(value.get(mode), defaultdict) and value[mode].default_factory is list for mode in ("train", "eval"))
 
 
-# the trainer attributes read (TRL 1.16.0 sets them in `DistillationTrainer.__init__`: 398–402, 762;
+# the trainer attributes read (TRL 1.16.0 sets them in `DistillationTrainer.__init__`: 398–402, 714, 762;
 # `model_wrapped`, transformers' `Trainer`, is what TRL's `_generate_single_turn` generates from)
 ATTRIBUTES: dict[str, tuple[str, Callable[[object], bool]]] = {
     "_metrics": ("{'train', 'eval'} → defaultdict(list)", _is_metrics),
     "_tokenizer": ("a tokenizer", lambda v: isinstance(v, PreTrainedTokenizerBase)),
     "_is_vlm": ("a bool", lambda v: isinstance(v, bool)),
     "model_wrapped": ("a module", lambda v: isinstance(v, torch.nn.Module)),
+    "beta": ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
 }
+
+
+def trainer_loss(beta: float) -> str | None:
+    """The study's name for the loss TRL's `DistillationTrainer` trains with at `beta`: its generalized JSD on
+    the student's samples over the full vocabulary is, at `beta` 1, the reverse KL `full-rkl` (the rollout copy
+    only chooses the prefixes); at any other `beta` (forward KL at 0, JSD between) a loss the study did not run:
+    None, the limits pooled over losses."""
+    return "full-rkl" if beta == 1 else None
 
 
 class TRLVersionError(MismatchError):
@@ -253,8 +265,9 @@ class MismatchDistillationTrainer(DistillationTrainer):
             `mismatch check` (`Recipe` or its dict: its `spec` on its `layers`), `engine:llama.cpp[,…]`,
             or None (the trainer's own behaviour: the student samples).
         layers: the spec's layer scope (`mismatch.perturb.select`), default every linear layer but the head.
-        thresholds: the gates — None: the shipped fitted limits (the first batch against the first-step
-            limit, later windows against the window limit); a thresholds file or `Thresholds` (the same two);
+        thresholds: the gates — None: the shipped fitted limits of the trainer's loss (the first batch against
+            the first-step limit, later windows against the window limit); a thresholds file or `Thresholds`
+            (the same two);
             or `{statistic: limit}` of any names `statistics` gives (every judgement).
         gate_every: judge the gates on the last `gate_every` batches' tokens every `gate_every` optimizer
             steps (and on the first batch).
@@ -275,6 +288,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
 
     Attributes:
         rollout_copy: the `mismatch.rollout.copy.RolloutCopy` that samples (None with `rollout=None`).
+        loss: the study's name for the trainer's loss (`trainer_loss`; None: one the study did not run).
         gates: the `Gate`s the first batch is judged by; `later_gates`: those every later judgement (a window
             of `gate_every` batches) is judged by.
         gate_records: every `GateRecord`, in order.
@@ -292,9 +306,9 @@ class MismatchDistillationTrainer(DistillationTrainer):
         spec, layers = rollout_of(rollout, layers)
         table = thresholds if isinstance(thresholds, Thresholds) else load_thresholds(
             thresholds if isinstance(thresholds, (str, Path)) else None)
-        self.gates = resolve_gates(thresholds if isinstance(thresholds, dict) else None, table)
-        # after the first batch the gates judge a window of batches: the window limit, where the table has one
-        self.later_gates = (self.gates if isinstance(thresholds, dict) else window_gates(table) or self.gates)
+        given = thresholds if isinstance(thresholds, dict) else None
+        if given is not None:  # checked before the models load; the table's gates wait for the trainer's loss
+            self.gates = self.later_gates = resolve_gates(given, table)
         try:
             training_args = inspect.signature(DistillationTrainer.__init__).bind_partial(self, *args, **kwargs)
         except TypeError:  # TRL's own call below says so, in its words
@@ -307,6 +321,11 @@ class MismatchDistillationTrainer(DistillationTrainer):
                              "supported (untested) under FSDP or DeepSpeed ZeRO-3")
         super().__init__(*args, **kwargs)
         check_attributes(self)
+        self.loss = trainer_loss(self.beta)
+        if given is None:
+            self.gates = resolve_gates(None, table, self.loss)
+            # after the first batch the gates judge a window of batches: the window limit, where the table has one
+            self.later_gates = window_gates(table, self.loss) or self.gates
         self._check_positions()
         if spec is not None and self.use_vllm:
             raise InputError("a rollout copy replaces the trainer's own generation; turn use_vllm off")

@@ -8,7 +8,9 @@ carries, or the toolkit's own), and judges the *gating* statistic — the thresh
 else the first of its calibrated statistics the log has — the way `check --teacher` judges a pipeline: the *window
 statistic*, the mean of the per-step values over a window of `Thresholds.window_steps` optimizer steps (the
 study's `window:` statistics, `mismatch.admission.transfer`), with its 95% t-interval over the window's logged
-values, against the window limit fitted on every source (`Thresholds.window_limits`). Here the window trails: at
+values, against the window limit fitted on every source (`Thresholds.window_limits`; with the trainer's `loss`
+given, the primary statistic's limit for that loss as the check picks it, `Thresholds.for_loss`; else the one
+pooled over losses: a log does not say its loss). Here the window trails: at
 each logged step s, the steps `(s − W, s]` (from the log's first step while fewer have been logged: a short run is
 judged on what it has). A window is *above* when the check would reject it (its interval wholly above the limit);
 a window with one logged value (a log written every W steps or more sparsely) has no interval and is above when
@@ -256,11 +258,12 @@ def _json_value(v: object) -> object:
     return _json_float(v) if isinstance(v, float) else v if isinstance(v, (str, int, bool, type(None))) else str(v)
 
 
-def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[object, str]]
+def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[object, str]], loss: str | None = None
                   ) -> tuple[list[Statistic], dict, dict[str, tuple[object, str]]]:
     """The calibrated statistics `log` has in the mode `settings` give (`mismatch.monitor.names.meaning`; one
     reading each: the first of `NAMES` present, the others noted as `also_logged_as`), in the thresholds'
-    order; the known names that are not comparable (or whose mode is unknown), with why; the settings read."""
+    order; the known names that are not comparable (or whose mode is unknown), with why; the settings read.
+    The primary statistic's limit is the trainer's `loss`'s (`Thresholds.for_loss`; None: pooled over losses)."""
     found: dict[str, Statistic] = {}
     others: dict[str, tuple[str, str, pd.Series]] = {}
     read: dict[str, tuple[object, str]] = {}
@@ -288,8 +291,10 @@ def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[ob
         windowed = stat in thresholds.window_limits
         limits, brackets = ((thresholds.window_limits, thresholds.window_brackets) if windowed
                             else (thresholds.limits, thresholds.brackets))
-        lo, hi = brackets.get(stat, [math.nan, math.nan])
-        found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(limits[stat]),
+        limit, (lo, hi) = limits[stat], brackets.get(stat, [math.nan, math.nan])
+        if stat == thresholds.primary:
+            limit, (lo, hi), _, _ = thresholds.for_loss(loss, window=windowed)
+        found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(limit),
                                 (lo, hi), mode=m.case.mode, caveat=m.caveat,
                                 window=thresholds.window_steps if windowed else None)
     ordered = [found[name] for name in dict.fromkeys([thresholds.primary, *thresholds.limits]) if name in found]
@@ -335,7 +340,8 @@ def run_settings(log: Log, path: str | Path, given: dict[str, object], given_as:
 
 def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = None,
             settings: MonitorSettings = MonitorSettings(), run: str | None = None,
-            out_dir: str | Path | None = None, framework_config: str | Path | dict | None = None) -> MonitorReport:
+            out_dir: str | Path | None = None, framework_config: str | Path | dict | None = None,
+            loss: str | None = None) -> MonitorReport:
     """Judge a training log against the calibrated limits.
 
     Args:
@@ -350,6 +356,9 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
         framework_config: the run's framework configuration (a YAML / JSON / TOML file or a mapping,
             `mismatch.monitor.logs.read_config`): the mode its names are read in, before any config the
             log carries. A name whose meaning depends on a setting no config shows is not judged.
+        loss: the trainer's loss (`opd`'s names; `full-rkl` for TRL's default, `pg-rkl-is` for the sampled-token
+            loss with the sampler's log-probs in the ratio): the primary statistic is judged by that loss's own
+            limit where the check uses one (`Thresholds.for_loss`); None: the limit pooled over losses.
 
     Returns:
         The `MonitorReport` (`written`: the files written).
@@ -360,6 +369,12 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     """
     if settings.patience < 1:
         raise InputError(f"patience must be ≥ 1, got {settings.patience}")
+    if loss is not None:
+        from mismatch.opd.losses import get_loss
+        try:
+            get_loss(loss)
+        except ValueError as exc:  # the registry's one line, naming the registered losses
+            raise InputError(str(exc)) from None
     if settings.trend_steps < 5:
         raise InputError(f"trend steps must be ≥ 5 (a line through fewer says nothing), got {settings.trend_steps}")
     if settings.total_steps is not None and settings.total_steps < 1:
@@ -371,7 +386,7 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     log = read_log(path, run=run)
     given_as = str(framework_config) if isinstance(framework_config, (str, Path)) else "the framework config given"
     resolved = run_settings(log, path, given, given_as)
-    found, others, read = statistics_of(log, table_of_thresholds, resolved)
+    found, others, read = statistics_of(log, table_of_thresholds, resolved, loss)
     if not found:
         known = "; ".join(f"{name} ({fw}: {why})" for name, (fw, why, _) in others.items())
         raise InputError(f"{path}: no statistic a calibrated limit applies to"
@@ -382,6 +397,9 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     gating, steps = found[0], found[0].values.index
     horizon = settings.total_steps if settings.total_steps is not None else int(2 * steps[-1] - steps[0])
+    if loss is not None and gating.name == table_of_thresholds.primary:
+        levels = table_of_thresholds.for_loss(loss, window=gating.window is not None)[3]
+        gate_notes.append(f"{gating.name}'s limit for the loss {loss}: fitted on {levels}")
     if gating.window is None:
         gate_notes.append(f"{source} has no window limit for {gating.name}: each logged value is judged against "
                           "its first-step limit")

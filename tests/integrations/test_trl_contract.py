@@ -97,7 +97,8 @@ def test_importing_the_integration_over_a_changed_trl_fails_at_import():
 
 @pytest.mark.parametrize("name, value", [("_is_vlm", None), ("_tokenizer", None), ("model_wrapped", None),
                                          ("_metrics", {"train": {}, "eval": {}}),
-                                         ("_metrics", {"train": defaultdict(list)})])
+                                         ("_metrics", {"train": defaultdict(list)}), ("beta", None),
+                                         ("beta", "1.0")])
 def test_a_trl_without_the_attributes_read_fails_at_construction(pair, tmp_path, monkeypatch, name, value):
     init = trl.DistillationTrainer.__init__
 

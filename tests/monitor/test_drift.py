@@ -172,6 +172,31 @@ def test_the_trailing_window_is_the_checks_window_statistic_judged_as_the_check_
     assert alone.gating.crossed_steps == [s for s, a in zip(range(1, 41), above) if a]
 
 
+@pytest.mark.parametrize("loss", ["pg-rkl-is", "full-rkl", "pg-rkl"])
+def test_a_trainers_loss_gets_its_own_limit_where_the_check_uses_one(tmp_path, loss):
+    log = tmp_path / "flat.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "mismatch_kl": 0.05}) + "\n" for s in range(1, 13)))
+    pooled = monitor(log)
+    assert pooled.gating.limit == LIMIT and not any("the loss" in n for n in pooled.notes)
+    report = monitor(log, loss=loss)
+    # the loss's own window limit where its held-out record is at least the pooled one's; pg-rkl has none
+    own = THRESHOLDS.own_limit(loss, window=True) if loss in THRESHOLDS.loss_window_limits else None
+    assert report.gating.limit == (own["limit"] if own else LIMIT)
+    assert any(f"the loss {loss}" in n for n in report.notes)
+    res = CliRunner().invoke(app, ["monitor", str(log), "--loss", loss, "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["gating"]["limit"] == report.gating.limit
+
+
+def test_an_unknown_loss_is_a_one_line_error(tmp_path):
+    log = tmp_path / "flat.jsonl"
+    log.write_text(json.dumps({"step": 1, "mismatch_kl": 0.05}) + "\n")
+    with pytest.raises(InputError, match="pg-rkl-iss") as err:
+        monitor(log, loss="pg-rkl-iss")
+    assert "\n" not in str(err.value)
+    res = CliRunner().invoke(app, ["monitor", str(log), "--loss", "pg-rkl-iss"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+
+
 def test_patience_counts_consecutive_logged_steps_above_the_limit(tmp_path):
     # a log written every 10 steps: each trailing window holds one logged value, judged as it is
     lo, hi = 0.5 * LIMIT, 2 * LIMIT
