@@ -71,6 +71,8 @@ $(DOCS): $(STAMP)
 	touch $@
 
 RESULTS := results
+# where the targets below write their report (experiments/reproduce_study's timed parts write theirs apart)
+REPORTS := reports
 # The study of sweeps/paper.toml (static probes of the three students and SmolLM2 under every spec,
 # OPD under quantized, stale, noisy and reused rollouts with three seeds) as Ray tasks on 2 workers;
 # --resume: an interrupted run continues where it stopped (tasks are keyed by config, data and version).
@@ -78,14 +80,14 @@ RESULTS := results
 reproduce-figures: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/paper.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS); rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-figures: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # The study's engine rows (sweeps/engines.toml: llama.cpp beside its simulated twins) into the same dataset,
 # after the main study (resumed: nothing done is run again), then the reports of both.
 reproduce-engines: reproduce-figures $(ENGINES)
 	$(BIN)/mismatch sweep sweeps/engines.toml --out $(RESULTS)/paper --workers 2 --resume
-	$(BIN)/mismatch report $(RESULTS)/paper --out reports
+	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS)
 
 # The study's second part into the same dataset: the loss the frameworks use on the synthetic pairs
 # (sweeps/loss.toml) and the real weights' deciding core (sweeps/study.toml: SmolLM2 trained to its
@@ -96,7 +98,7 @@ reproduce-study: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/loss.toml --out $(RESULTS)/paper --workers 2 --resume && \
 	$(BIN)/mismatch sweep sweeps/study.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS); rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # The length ladder (sweeps/length.toml: smollm2-pruned at 8, 32 and 128 response tokens; ~7 hours on 2 cores),
@@ -107,7 +109,7 @@ reproduce-study-extended: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/length.toml --out $(RESULTS)/paper --workers 2 --resume && \
 	$(BIN)/mismatch sweep sweeps/study-extended.toml --out $(RESULTS)/paper --workers 2 --resume && \
-	$(BIN)/mismatch report $(RESULTS)/paper --out reports; rc=$$?; \
+	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS); rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study-extended: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
 # reports/ from the committed results (experiments/study_data/*.parquet, the compacted rows of the runs the
@@ -116,7 +118,7 @@ reproduce-study-extended: $(STAMP)
 # then reported from it, as they report.
 reports: $(STAMP)
 	mkdir -p $(RESULTS)/paper && cp -u experiments/study_data/*.parquet $(RESULTS)/paper/
-	$(BIN)/mismatch report $(RESULTS)/paper --out reports
+	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS)
 
 # The admission limits `mismatch check` ships (mismatch/data/admission_thresholds.json), refitted from the
 # committed results, the rows reports/admission.md is written from (a test checks the two agree).

@@ -9,6 +9,8 @@ mkdir -p "$out"
 log=results/e2e/parts.log  # this machine's parts; timing.json (committed) keeps them all
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 echo "part start $(date -u +%FT%TZ) $(date +%s) git $(git rev-parse --short HEAD) cpu ${cpu:-?}" >> "$log"
-PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 make -o .venv/.installed reproduce-study RESULTS="$out" >> "$out.log" 2>&1
+# the report apart from the checkout's reports/, which holds the committed report of a larger dataset
+PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 make -o .venv/.installed reproduce-study RESULTS="$out" REPORTS="$out/reports" \
+  >> "$out.log" 2>&1
 rc=$?
 echo "part end $(date -u +%FT%TZ) $(date +%s) rc $rc" >> "$log"
