@@ -92,7 +92,7 @@ reproduce-engines: reproduce-figures $(ENGINES)
 # The study's second part into the same dataset: the loss the frameworks use on the synthetic pairs
 # (sweeps/loss.toml) and the real weights' deciding core (sweeps/study.toml: SmolLM2 trained to its
 # plateau), then the reports of all of it; timed in parts in experiments/reproduce_study (the loss study
-# 50 min, 53 of the 55 real-weight tasks 6.8 h; ~8.0 hours projected in all on 2 cores). Resumable
+# 50 min, the 55 real-weight tasks 7.3 h, the report 2 min: 8.13 hours measured on 2 cores). Resumable
 # (--resume), so it can run in parts; the time of this part is printed last.
 reproduce-study: $(STAMP)
 	@start=$$(date +%s); \

@@ -25,3 +25,18 @@ def test_the_settings_most_levels_share_are_named_not_called_default():
     assert [(r[0], r[4]) for r in rows] == [("| p", "common"), ("| p", "max_new_tokens 128"), ("| q", "common")]
     assert "Shared by most of a pair's levels — p: steps 20, lr 0.0003, max_new_tokens 32; q: lr 0.001." in text
     assert "default" not in text
+
+
+def test_the_realised_error_is_one_line_naming_its_range_and_its_largest_case_with_its_settings():
+    """A pair run under two settings has two A/A cases per threshold: listed by pair alone they read as
+    repeats; the line gives the range over every case and names the largest with its own settings."""
+    rung = "loss full-rkl, steps 20, lr 0.0003, max_new_tokens {}"
+    levels = pd.DataFrame([_level("p", rung.format(32), 0.1), _level("p", rung.format(32), 0.2),
+                           _level("p", rung.format(128), 0.1)])
+    alpha = pd.DataFrame({"pair": ["p"] * 4, "settings": [rung.format(32)] * 2 + [rung.format(128)] * 2,
+                          "threshold": ["Δ accuracy", "KL ratio"] * 2, "realised_alpha": [0.036, 0.035, 0.034, 0.041]})
+    text = headline_markdown(levels, pd.DataFrame({"complete": [True] * 6}), pd.DataFrame(), alpha,
+                             tolerance=DEFAULT_TOLERANCE, design=DEFAULT_DESIGN)
+    (line,) = [t for t in text.splitlines() if t.startswith("Realised error")]
+    assert "(designed for 5%): 3.4–4.1% over its 4 cases" in line
+    assert "the largest p (max_new_tokens 128) KL ratio; each in tolerance.md." in line
