@@ -288,7 +288,7 @@ class MismatchDistillationTrainer(DistillationTrainer):
 
     Attributes:
         rollout_copy: the `mismatch.rollout.copy.RolloutCopy` that samples (None with `rollout=None`).
-        loss: the study's name for the trainer's loss (`trainer_loss`; None: one the study did not run).
+        study_loss: the study's name for the trainer's loss (`trainer_loss`; None: one the study did not run).
         gates: the `Gate`s the first batch is judged by; `later_gates`: those every later judgement (a window
             of `gate_every` batches) is judged by.
         gate_records: every `GateRecord`, in order.
@@ -321,11 +321,11 @@ class MismatchDistillationTrainer(DistillationTrainer):
                              "supported (untested) under FSDP or DeepSpeed ZeRO-3")
         super().__init__(*args, **kwargs)
         check_attributes(self)
-        self.loss = trainer_loss(self.beta)
+        self.study_loss = trainer_loss(self.beta)
         if given is None:
-            self.gates = resolve_gates(None, table, self.loss)
+            self.gates = resolve_gates(None, table, self.study_loss)
             # after the first batch the gates judge a window of batches: the window limit, where the table has one
-            self.later_gates = window_gates(table, self.loss) or self.gates
+            self.later_gates = window_gates(table, self.study_loss) or self.gates
         self._check_positions()
         if spec is not None and self.use_vllm:
             raise InputError("a rollout copy replaces the trainer's own generation; turn use_vllm off")

@@ -154,7 +154,7 @@ def test_gates_warn_or_stop_on_a_copy_beyond_the_limit(pair, tmp_path, caplog):
     assert [line.split(":")[0] for line in lines] == ["mismatch gate at step 0", "mismatch gate at step 2"]
     shipped = load_thresholds()  # the limits the gates apply, as the lines print them: the first batch's and
     # later windows', those of TRL's default loss (beta 1: the full-vocabulary reverse KL, the study's full-rkl)
-    assert warned.beta == 1 and warned.loss == "full-rkl"
+    assert warned.beta == 1 and warned.study_loss == "full-rkl"
     first, window = shipped.for_loss("full-rkl")[0], shipped.for_loss("full-rkl", window=True)[0]
     assert "mismatch_kl" in lines[0] and f"above the limit {first:.4g}" in lines[0] and "\n" not in lines[0]
     assert f"above the limit {window:.4g}" in lines[1]
@@ -172,7 +172,7 @@ def test_the_gates_are_those_of_the_trainers_loss(pair, tmp_path, beta):
     trainer = _trainer(pair, tmp_path, steps=1, rollout="int8:channel", config={"beta": beta})
     shipped = load_thresholds()
     loss = "full-rkl" if beta == 1 else None  # forward KL and the JSD: losses the study did not run
-    assert trainer.loss == loss
+    assert trainer.study_loss == loss
     # the loss's own limit where the check uses it (its held-out record at least the pooled one's), else pooled
     own, own_window = (shipped.own_limit(loss), shipped.own_limit(loss, window=True)) if loss else (None, None)
     assert [g.limit for g in trainer.gates] == [own["limit"] if own else shipped.limits["mismatch_kl"]]
