@@ -95,11 +95,12 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
     shared = _shared_settings(judged)
     if len(alpha):  # one line: the range and the largest case, with its settings; every case in tolerance.md
         worst = alpha.loc[alpha["realised_alpha"].idxmax()]
-        cases = (f"{100 * alpha['realised_alpha'].min():.1f}–{100 * worst.realised_alpha:.1f}% over its "
-                 f"{len(alpha)} cases (pair × settings × threshold with an A/A level), the largest "
-                 f"{worst.pair} ({_own(worst.settings, shared.get(worst.pair, set()))}) {worst.threshold}; each in "
-                 "tolerance.md" if len(alpha) > 1 else f"{100 * worst.realised_alpha:.1f}% ({worst.pair} "
-                 f"{worst.threshold})")
+        cases = f"{100 * worst.realised_alpha:.1f}% ({worst.pair} {worst.threshold})"
+        if len(alpha) > 1:
+            cases = (f"{100 * alpha['realised_alpha'].min():.1f}–{100 * worst.realised_alpha:.1f}% over its "
+                     f"{len(alpha)} cases (pair × settings × threshold with an A/A level), the largest "
+                     f"{worst.pair} ({_own(worst.settings, shared.get(worst.pair, set()))}) {worst.threshold}; "
+                     "each in tolerance.md")
         lines += ["", f"Realised error at a threshold, simulated at each pair's A/A spreads (designed for "
                       f"{100 * design.alpha:g}%): {cases}."]
     floor_lines = []
