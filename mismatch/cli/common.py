@@ -25,6 +25,7 @@ Overwrite = Annotated[bool, typer.Option(help="Replace --out's content instead o
                                                  "has succeeded (a failed or interrupted one removes nothing).")]
 Layers = Annotated[str, typer.Option(help=field_help(OPDConfig, "layers"))]
 Loss = Annotated[str, typer.Option(help=field_help(OPDConfig, "loss"))]
+MaybeLoss = Annotated[str | None, typer.Option(help=field_help(OPDConfig, "loss"))]  # None: not known
 LearningRate = Annotated[float, typer.Option("--lr", help=field_help(OPDConfig, "lr"))]
 TisCap = Annotated[float | None, typer.Option(help=field_help(OPDConfig, "tis_cap"))]
 ThresholdsFile = Annotated[Path | None, typer.Option("--thresholds", help="Fitted limits JSON (`mismatch thresholds`; "

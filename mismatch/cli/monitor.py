@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mismatch.cli.common import Json, Threads, ThresholdsFile, early, err, out
+from mismatch.cli.common import Json, MaybeLoss, Threads, ThresholdsFile, early, err, out
 from mismatch.files import json_text
 from mismatch.monitor.settings import MonitorSettings  # stdlib only: the defaults live on its fields
 
@@ -25,14 +25,15 @@ def monitor(
     run: Annotated[str | None, typer.Option(help="With a results dataset of several OPD runs: the run id.")] = None,
     json_out: Json = False,
     framework_config: Annotated[Path | None, typer.Option(help="The run's framework config (YAML, JSON or TOML: verl's hydra config.yaml, slime's args or W&B config.yaml, NeMo RL's YAML, prime-rl's TOML): the mode its logged names are read in. Without it, a name whose meaning depends on a setting the log does not show is not judged.")] = None,
-    loss: Annotated[str | None, typer.Option(help="The trainer's loss (as `check --loss`: full-rkl, pg-rkl-is, …): the gating statistic's limit is that loss's own where the check uses one. Default: the limit pooled over losses (a log does not say its loss).")] = None,
+    loss: MaybeLoss = None,
     threads: Threads = None,
 ) -> None:
     """Judge a training run's own log against the calibrated admission limits, step by step: at each logged
     step, the mean of the gating statistic over the last window of steps (the check's window statistic) against
     the window limit. Exit 0 within the limit, 1 crossed (on PATIENCE consecutive logged steps), 3 rising
     (below the limit, but its trend's slope is positive at 95% and reaches the limit within the run's steps),
-    2 error."""
+    2 error. --loss names the trainer's loss: the gating statistic's limit is then that loss's own where
+    `check --loss` would use it; without it, the limit pooled over losses (a log does not say its loss)."""
     early(files=(("no log at {path}", log), ("thresholds file not found: {path}", thresholds),
                  ("no framework config at {path}", framework_config)))
     from mismatch import monitor as monitor_lib
