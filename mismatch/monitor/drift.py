@@ -371,10 +371,8 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
         raise InputError(f"patience must be ≥ 1, got {settings.patience}")
     if loss is not None:
         from mismatch.opd.losses import get_loss
-        try:
-            get_loss(loss)
-        except ValueError as exc:  # the registry's one line, naming the registered losses
-            raise InputError(str(exc)) from None
+
+        get_loss(loss)  # an unknown loss: the registry's one-line InputError, naming the registered ones
     if settings.trend_steps < 5:
         raise InputError(f"trend steps must be ≥ 5 (a line through fewer says nothing), got {settings.trend_steps}")
     if settings.total_steps is not None and settings.total_steps < 1:
