@@ -95,7 +95,8 @@ class Statistic:
     where they come from (`how`: its definition in the run's mode; `mode`: that mode), its limit, and
     `caveat`: what a judge of it must know. `window`: the optimizer steps whose mean is judged against the
     limit (module docstring); None: each logged value is judged alone (a framework's own gate, or a limit
-    fitted on first steps). A value above the limit or not finite counts as above."""
+    fitted on first steps). `fitted_on`: the levels its limit was fitted on, where a loss chose the limit
+    (`Thresholds.for_loss`). A value above the limit or not finite counts as above."""
 
     name: str
     logged_as: str
@@ -108,6 +109,7 @@ class Statistic:
     mode: str = ""
     caveat: str | None = None
     window: int | None = None
+    fitted_on: str = ""
 
     @cached_property
     def windows(self) -> pd.DataFrame:
@@ -292,11 +294,13 @@ def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[ob
         limits, brackets = ((thresholds.window_limits, thresholds.window_brackets) if windowed
                             else (thresholds.limits, thresholds.brackets))
         limit, (lo, hi) = limits[stat], brackets.get(stat, [math.nan, math.nan])
+        fitted_on = ""
         if stat == thresholds.primary:
-            limit, (lo, hi), _, _ = thresholds.for_loss(loss, window=windowed)
+            limit, (lo, hi), _, levels = thresholds.for_loss(loss, window=windowed)
+            fitted_on = levels if loss is not None else ""
         found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(limit),
                                 (lo, hi), mode=m.case.mode, caveat=m.caveat,
-                                window=thresholds.window_steps if windowed else None)
+                                window=thresholds.window_steps if windowed else None, fitted_on=fitted_on)
     ordered = [found[name] for name in dict.fromkeys([thresholds.primary, *thresholds.limits]) if name in found]
     return ordered, others, read
 
@@ -395,9 +399,8 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     gating, steps = found[0], found[0].values.index
     horizon = settings.total_steps if settings.total_steps is not None else int(2 * steps[-1] - steps[0])
-    if loss is not None and gating.name == table_of_thresholds.primary:
-        levels = table_of_thresholds.for_loss(loss, window=gating.window is not None)[3]
-        gate_notes.append(f"{gating.name}'s limit for the loss {loss}: fitted on {levels}")
+    if gating.fitted_on:
+        gate_notes.append(f"{gating.name}'s limit for the loss {loss}: fitted on {gating.fitted_on}")
     if gating.window is None:
         gate_notes.append(f"{source} has no window limit for {gating.name}: each logged value is judged against "
                           "its first-step limit")
