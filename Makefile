@@ -101,7 +101,8 @@ reproduce-study: $(STAMP)
 	$(BIN)/mismatch report $(RESULTS)/paper --out $(REPORTS); rc=$$?; \
 	took=$$(( $$(date +%s) - start )); echo "reproduce-study: $$((took / 60)) min $$((took % 60)) s"; exit $$rc
 
-# The length ladder (sweeps/length.toml: smollm2-pruned at 8, 32 and 128 response tokens; ~7 hours on 2 cores),
+# The length ladder (sweeps/length.toml: smollm2-pruned at 8, 32 and 128 response tokens under full-rkl, ~7 hours
+# on 2 cores, and pg-rkl-is, ~6 more by the estimates),
 # then the rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
 # SmolLM2 pairs against reproduce-study's twins and the ladder's 32-token rung, pg-rkl-is there, with and without
 # TIS, with the second looks; ~15 hours: 24.5 task-hours measured for 138 of its 168 tasks), in parts with --resume.
