@@ -95,8 +95,9 @@ class Statistic:
     where they come from (`how`: its definition in the run's mode; `mode`: that mode), its limit, and
     `caveat`: what a judge of it must know. `window`: the optimizer steps whose mean is judged against the
     limit (module docstring); None: each logged value is judged alone (a framework's own gate, or a limit
-    fitted on first steps). `fitted_on`: the levels its limit was fitted on, where a loss chose the limit
-    (`Thresholds.for_loss`). A value above the limit or not finite counts as above."""
+    fitted on first steps). `limit_levels`: the levels its limit was fitted on, where a loss chose the limit
+    (`Thresholds.for_loss`; not the table's own `Thresholds.fitted_on`). A value above the limit or not finite
+    counts as above."""
 
     name: str
     logged_as: str
@@ -109,7 +110,7 @@ class Statistic:
     mode: str = ""
     caveat: str | None = None
     window: int | None = None
-    fitted_on: str = ""
+    limit_levels: str = ""
 
     @cached_property
     def windows(self) -> pd.DataFrame:
@@ -294,13 +295,13 @@ def statistics_of(log: Log, thresholds: Thresholds, settings: dict[str, tuple[ob
         limits, brackets = ((thresholds.window_limits, thresholds.window_brackets) if windowed
                             else (thresholds.limits, thresholds.brackets))
         limit, (lo, hi) = limits[stat], brackets.get(stat, [math.nan, math.nan])
-        fitted_on = ""
+        limit_levels = ""
         if stat == thresholds.primary:
             limit, (lo, hi), _, levels = thresholds.for_loss(loss, window=windowed)
-            fitted_on = levels if loss is not None else ""
+            limit_levels = levels if loss is not None else ""
         found[stat] = Statistic(stat, name.logged_as, name.framework, m.why, values, float(limit),
                                 (lo, hi), mode=m.case.mode, caveat=m.caveat,
-                                window=thresholds.window_steps if windowed else None, fitted_on=fitted_on)
+                                window=thresholds.window_steps if windowed else None, limit_levels=limit_levels)
     ordered = [found[name] for name in dict.fromkeys([thresholds.primary, *thresholds.limits]) if name in found]
     return ordered, others, read
 
@@ -399,8 +400,8 @@ def monitor(path: str | Path, *, thresholds: str | Path | Thresholds | None = No
     source = f"{thresholds}" if isinstance(thresholds, (str, Path)) else table_of_thresholds.fitted_on
     gating, steps = found[0], found[0].values.index
     horizon = settings.total_steps if settings.total_steps is not None else int(2 * steps[-1] - steps[0])
-    if gating.fitted_on:
-        gate_notes.append(f"{gating.name}'s limit for the loss {loss}: fitted on {gating.fitted_on}")
+    if gating.limit_levels:
+        gate_notes.append(f"{gating.name}'s limit for the loss {loss}: fitted on {gating.limit_levels}")
     if gating.window is None:
         gate_notes.append(f"{source} has no window limit for {gating.name}: each logged value is judged against "
                           "its first-step limit")

@@ -183,8 +183,8 @@ def test_a_trainers_loss_gets_its_own_limit_where_the_check_uses_one(tmp_path, l
     own = THRESHOLDS.own_limit(loss, window=True) if loss in THRESHOLDS.loss_window_limits else None
     assert report.gating.limit == (own["limit"] if own else LIMIT)
     assert any(f"the loss {loss}" in n for n in report.notes)
-    assert report.gating.fitted_on == THRESHOLDS.for_loss(loss, window=True)[3] and not pooled.gating.fitted_on
-    assert (own is not None) == (report.gating.fitted_on == f"{loss}'s levels alone")
+    assert report.gating.limit_levels == THRESHOLDS.for_loss(loss, window=True)[3] and not pooled.gating.limit_levels
+    assert (own is not None) == (report.gating.limit_levels == f"{loss}'s levels alone")
     res = CliRunner().invoke(app, ["monitor", str(log), "--loss", loss, "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["gating"]["limit"] == report.gating.limit
 
