@@ -343,7 +343,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
     fitted_at = table.for_loss(pipeline.trainer.loss, window=windowed)[2]
-    length = _length_margin(table, primary, assumed, fitted_at) if fitted else (None, "")
+    length = _length_margin(table, primary, assumed, fitted_at, pipeline.trainer.loss) if fitted else (None, "")
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
                           status=overall(decisions), metrics=metrics, decisions=decisions,
@@ -408,7 +408,7 @@ def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tupl
     The limits hold, per token, within 2× of the lengths they were fitted at (`fitted`: the decided levels'
     shortest and longest mean response). Beyond, the limit follows `limit · (T / T_edge)^b` from the nearer edge
     of that window, with the exponent the length law allows that gives the lower limit (`law`'s `b_low` for
-    longer responses, `b_high` for shorter: `Thresholds.length_law`, the study's ladder), or, without a measured
+    longer responses, `b_high` for shorter: `Thresholds.length_law_for`, the study's ladders), or, without a measured
     law, `ASSUMED_EXPONENT` (per sequence) for longer responses and no change for shorter ones. An exponent the
     law leaves open (±∞) gives 0: no limit can be carried there.
     """
@@ -431,24 +431,25 @@ def _exponent(b: float | None, side: int) -> str:
     return f"{b:+.2f}" if b is not None and math.isfinite(b) else ("+∞" if side > 0 else "−∞")
 
 
-def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], fitted_at: list[float]
-                   ) -> tuple[Decision | None, str]:
+def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], fitted_at: list[float],
+                   loss: str | None) -> tuple[Decision | None, str]:
     """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
     window of lengths its limit was fitted at (`fitted_at`: `Thresholds.response_tokens` for the first-step limits,
-    `window_response_tokens` for the window's), the gate again with the scaled limit — admit below it, else
-    uncertain (never a reject of its own: rejecting is the fitted gate's). The note always says which length was
-    assumed."""
+    `window_response_tokens` for the window's), the gate again with the limit scaled by the length law of the
+    trainer's `loss` (`Thresholds.length_law_for`) — admit below it, else uncertain (never a reject of its own:
+    rejecting is the fitted gate's). The note always says which length was assumed, and which ladders' law."""
     tokens, origin = assumed
     if len(fitted_at) != 2 or math.isnan(tokens):
         return None, ""
     low, high = fitted_at
-    factor, b = length_factor(tokens, (low, high), table.length_law)
+    measured, ladders = table.length_law_for(loss)
+    factor, b = length_factor(tokens, (low, high), measured)
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
     if _within(tokens, (low, high)):
         return None, f"{where} (within 2x: per token as fitted)"
-    law = (f"the study's length law (exponent b in [{_exponent(table.length_law['b_low'], -1)}, "
-           f"{_exponent(table.length_law['b_high'], 1)}], b = {_exponent(b, 1 if b > 0 else -1)} taken)"
-           if table.length_law else
+    law = (f"the study's length law from {ladders} (exponent b in [{_exponent(measured['b_low'], -1)}, "
+           f"{_exponent(measured['b_high'], 1)}], b = {_exponent(b, 1 if b > 0 else -1)} taken)"
+           if measured else
            f"no length law measured yet: assumed per sequence (b = {b:+.0f})" if b else
            "no length law measured yet: shorter responses keep the limit")
     if fitted.status != "admit" or factor >= 1.0:  # a lower limit cannot change a reject or an uncertain,
@@ -523,8 +524,8 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    length = (_length_margin(table, decisions[0], dumped, table.for_loss(pipeline.trainer.loss)[2]) if fitted
-              else (None, ""))
+    loss = pipeline.trainer.loss
+    length = _length_margin(table, decisions[0], dumped, table.for_loss(loss)[2], loss) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
              *(n for _, n in (drift, length, *lagged) if n)]

@@ -81,6 +81,9 @@ class Thresholds:
     # ends over ladders; NaN, JSON null: open), `lengths`, `ladders` (family · loss · settings); empty while no ladder bounds
     # the exponent on either side (`LengthLaw.informative`; the check then assumes per sequence)
     length_law: dict = field(default_factory=dict)
+    # the same per loss (`opd`'s names), over that loss's ladders alone: what the check scales a trainer's limit
+    # by where the study ran a ladder under its loss (`length_law_for`); empty in a file written before it
+    loss_length_laws: dict[str, dict] = field(default_factory=dict)
     # per loss (`opd`'s names), the primary statistic's first-step limit fitted on that loss's decided levels alone,
     # where they lie on both sides of it (`loss_limits_from`): `limit`, `bracket`, `levels`, `not_tolerated`,
     # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`,
@@ -123,6 +126,17 @@ class Thresholds:
         if own is None or (compared and own["held_out_right"] < own["pooled_held_out_right"]):
             return None
         return own
+
+    def length_law_for(self, loss: str | None) -> tuple[dict, str]:
+        """The length law a trainer's `loss`'s limit is scaled by, and whose ladders it comes from: the loss's own
+        (`loss_length_laws`) where a ladder run under it bounds the exponent, else the envelope of every ladder
+        (`length_law`, also for `loss` None; empty where no ladder bounds it)."""
+        own = self.loss_length_laws.get(loss) if loss is not None else None
+        if own:
+            return own, f"{loss}'s ladder{'s' if len(own['ladders']) > 1 else ''}"
+        losses = sorted({k for k in self.loss_length_laws if k != loss})
+        return self.length_law, ("every ladder" if not losses else
+                                 f"the ladders of {', '.join(losses)}" + (f"; none ran {loss}" if loss else ""))
 
     @property
     def fitted_on(self) -> str:
@@ -308,10 +322,8 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
     laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.informative]  # an open one: no law
-    length = {} if not laws else {  # every ladder's envelope: the lowest b for longer responses, the highest for shorter
-        "b_low": _finite(min(law.b_low for _, law in laws)), "b_high": _finite(max(law.b_high for _, law in laws)),
-        "lengths": sorted({t for _, law in laws for t in law.lengths}),
-        "ladders": [" · ".join(map(str, key)) for key, _ in laws]}
+    loss_length = {loss: _envelope([(key, law) for key, law in laws if key[1] == loss])  # key: family, loss, settings
+                   for loss in sorted({key[1] for key, _ in laws})}
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
@@ -326,9 +338,20 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                       response_tokens=_span(decided["response_tokens"]),
                       window_response_tokens=_span(every.loc[every[f"window:{PRIMARY}"].notna(), "response_tokens"]
                                                    if f"window:{PRIMARY}" in every else every["response_tokens"][:0]),
-                      length_law=length, loss_limits=loss_limits_from(decided),
+                      length_law=_envelope(laws), loss_length_laws=loss_length, loss_limits=loss_limits_from(decided),
                       loss_window_limits=loss_limits_from(every, f"window:{PRIMARY}") if f"window:{PRIMARY}" in every
                       else {})
+
+
+def _envelope(laws: list[tuple[tuple, object]]) -> dict:
+    """The length law of several ladders' (`(key, LengthLaw)`): the most cautious exponent on each side — the
+    lowest b for longer responses, the highest for shorter — the lengths they ran at and the ladders' names
+    (family · loss · settings); empty without a ladder."""
+    if not laws:
+        return {}
+    return {"b_low": _finite(min(law.b_low for _, law in laws)), "b_high": _finite(max(law.b_high for _, law in laws)),
+            "lengths": sorted({t for _, law in laws for t in law.lengths}),
+            "ladders": [" · ".join(map(str, key)) for key, _ in laws]}
 
 
 def _span(tokens: pd.Series) -> list[float]:

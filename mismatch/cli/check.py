@@ -57,7 +57,8 @@ def check(
 ) -> None:
     """Is a cheaper rollout configuration (--rollout SPEC, or an engine's --dump FILE) safe for OPD on MODEL?
     The trainer's --loss picks the fitted limit: its own where the study fitted one and, leaving one pair out,
-    it predicts the loss's levels at least as well as the pooled limit; else the pooled one. Exit 0 admit, 1 reject,
+    it predicts the loss's levels at least as well as the pooled limit; else the pooled one. Beyond the fitted
+    response lengths, the limit scales by the length law of that loss's ladder where one ran. Exit 0 admit, 1 reject,
     3 uncertain, 2 error."""
     early(models=(model, *((teacher,) if teacher else ())), specs=(rollout,), files=(("prompts file not found: {path}", prompts),
                                                      ("thresholds file not found: {path}", thresholds),

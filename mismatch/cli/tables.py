@@ -232,6 +232,14 @@ def thresholds_table(thresholds) -> Table:
                  for loss, v in sorted(per_loss.items()))
              for where, per_loss in (("", thresholds.loss_limits), (", window", thresholds.loss_window_limits))
              if per_loss]
+    if thresholds.length_law:  # beyond the fitted lengths the limit scales as T^b, b the law's cautious end
+        def law(v: dict) -> str:
+            ends = [f"{b:+.2f}" if math.isfinite(b) else sign + "∞" for b, sign in ((v["b_low"], "−"), (v["b_high"], "+"))]
+            return f"b in [{ends[0]}, {ends[1]}]"
+
+        lines.append("length law (limit ∝ T^b beyond the fitted lengths) per loss: " + "; ".join(
+            [f"{loss} {law(v)}" for loss, v in sorted(thresholds.loss_length_laws.items())]
+            + [f"any other loss every ladder's envelope, {law(thresholds.length_law)}"]))
     if lines:
         table.caption = escape("\n".join(lines))
     return table

@@ -350,6 +350,16 @@ def test_the_limit_follows_the_pipelines_response_length():
     table.length_law = {"b_low": -0.5, "b_high": 0.25, "b_mid": -0.2, "lengths": [3.0, 48.0], "ladder": "x"}
     (d,) = length_decision(check(lm, "noise:0.1", calibration=cal, thresholds=table))
     assert d.limit == pytest.approx(2.0 * (mean / 6) ** -0.5)
+    assert any("from every ladder" in n for n in check(lm, "noise:0.1", calibration=cal, thresholds=table).notes)
+    # a ladder run under the trainer's loss: its own law, not the envelope; another loss keeps the envelope
+    table.loss_length_laws = {"pg-rkl-is": {**table.length_law, "b_low": -2.0, "ladders": ["x · pg-rkl-is · y"]}}
+    for loss, b in (("pg-rkl-is", -2.0), ("full-rkl", -0.5)):
+        got = check(lm, "noise:0.1", calibration=cal, thresholds=table, pipeline=Pipeline(trainer=TrainerSettings(loss=loss)))
+        (d,) = length_decision(got)
+        assert d.limit == pytest.approx(2.0 * (mean / 6) ** b)
+        assert any(("from pg-rkl-is's ladder" if b == -2.0 else "ladders of pg-rkl-is; none ran full-rkl") in n
+                   for n in got.notes)
+    table.loss_length_laws = {}
     table.length_law = {**table.length_law, "b_low": None}  # open below: nothing carries to longer responses
     opened = check(lm, "noise:0.1", calibration=cal, thresholds=table)
     assert length_decision(opened)[0].limit == 0.0 and opened.status == "uncertain"

@@ -239,13 +239,13 @@ def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
     json.loads(t.to_json(tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
 
 
-def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]]) -> list[pd.DataFrame]:
-    """A length ladder on sort-gpt2: at each response cap, a clean twin and noise levels of (KL ratio,
+def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str = "full-rkl") -> list[pd.DataFrame]:
+    """A length ladder on sort-gpt2 under `loss`: at each response cap, a clean twin and noise levels of (KL ratio,
     first-step mismatch_kl), three seeds, every response at its cap (`tokens` = cap × batch)."""
     frames = []
     for cap, levels in ratios.items():
         for seed in range(3):
-            cfg = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap, seed=seed)
+            cfg = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap, seed=seed, loss=loss)
             for rollout, (ratio, kl) in {"none": (1.0, 0.0), **{f"noise:{s}": v for s, v in levels.items()}}.items():
                 frames.append(opd_rows(dataclasses.replace(cfg, rollout=rollout), {
                     "heldout_rkl": {0: 2.0, 2: ratio * (1 + 0.01 * seed) if rollout != "none" else 1.0},
@@ -269,3 +269,26 @@ def test_a_length_ladder_gives_the_law_not_the_limits_and_an_open_one_no_law(stu
     assert t.length_law["b_low"] == pytest.approx(math.log(0.4 / 2.0) / math.log(4))
     assert t.length_law["b_high"] == pytest.approx(math.log(1.5 / 0.5) / math.log(4))
     assert t.length_law["lengths"] == [8.0, 32.0]
+
+
+def test_each_loss_scales_by_the_law_of_its_own_ladder(study, tmp_path):
+    """Ladders under two losses: each loss's law (`loss_length_laws`) comes from its own brackets alone,
+    `length_law` is their envelope (the lower b_low, the higher b_high), and `length_law_for` gives a loss its
+    own law and any other loss the envelope — through the file too."""
+    full = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (2.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (2.0, 1.5)}})
+    pg = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (2.0, 1.0)}, 32: {0.1: (1.0, 0.1), 0.3: (2.0, 0.3)}}, loss="pg-rkl-is")
+    t = thresholds_from_rows(pd.concat([study, *full, *pg], ignore_index=True), sources=["hand-made"])
+    expected = {"full-rkl": (math.log(0.4 / 2.0) / math.log(4), math.log(1.5 / 0.5) / math.log(4)),  # [0.5, 2] → [0.4, 1.5]
+                "pg-rkl-is": (math.log(0.1 / 1.0) / math.log(4), math.log(0.3 / 0.5) / math.log(4))}  # [0.5, 1] → [0.1, 0.3]
+    assert sorted(t.loss_length_laws) == sorted(expected)
+    for loss, (b_low, b_high) in expected.items():
+        law = t.loss_length_laws[loss]
+        assert (law["b_low"], law["b_high"]) == pytest.approx((b_low, b_high)) and len(law["ladders"]) == 1
+        assert f" · {loss} · " in law["ladders"][0] and law["lengths"] == [8.0, 32.0]
+    assert t.length_law["b_low"] == pytest.approx(expected["pg-rkl-is"][0])
+    assert t.length_law["b_high"] == pytest.approx(expected["full-rkl"][1]) and len(t.length_law["ladders"]) == 2
+    back = Thresholds.from_json(t.to_json(tmp_path / "t.json"))
+    assert back.loss_length_laws == t.loss_length_laws
+    assert back.length_law_for("pg-rkl-is") == (t.loss_length_laws["pg-rkl-is"], "pg-rkl-is's ladder")
+    assert back.length_law_for("pg-rkl") == (t.length_law, "the ladders of full-rkl, pg-rkl-is; none ran pg-rkl")
+    assert back.length_law_for(None)[0] == t.length_law

@@ -53,3 +53,8 @@ def test_the_thresholds_table_names_each_losss_first_step_and_window_limits():
         assert per_loss and f"{t.primary}{where} per loss" in text
         for loss, v in per_loss.items():
             assert f"{loss} ≤ {v['limit']:.3g} [{v['bracket'][0]:.3g}, {v['bracket'][1]:.3g}]" in text
+    # and each loss's length law: its exponents' lower end as fitted, an open upper end as +∞
+    assert t.loss_length_laws and "length law (limit ∝ T^b beyond the fitted lengths) per loss" in text
+    for loss, v in t.loss_length_laws.items():
+        high = f"{v['b_high']:+.2f}" if math.isfinite(v["b_high"]) else "+∞"
+        assert f"{loss} b in [{v['b_low']:+.2f}, {high}]" in text
