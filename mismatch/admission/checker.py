@@ -53,6 +53,7 @@ from mismatch.admission.lagged import TrainerSettings, measure_lag, pipeline_rol
 from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
+from mismatch.analysis.length import exponent_text
 from mismatch.dumps import score_rollouts
 from mismatch.rollout.source import RolloutSource, open_source
 from mismatch.errors import InputError, of_type
@@ -426,11 +427,6 @@ def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tupl
     return (tokens / edge) ** float(b), float(b)
 
 
-def _exponent(b: float | None, side: int) -> str:
-    """An exponent as the notes write it; an open end (None, ±∞, NaN) as ∓∞ on its `side`."""
-    return f"{b:+.2f}" if b is not None and math.isfinite(b) else ("+∞" if side > 0 else "−∞")
-
-
 def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], fitted_at: list[float],
                    loss: str | None) -> tuple[Decision | None, str]:
     """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
@@ -447,8 +443,8 @@ def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, st
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
     if _within(tokens, (low, high)):
         return None, f"{where} (within 2x: per token as fitted)"
-    law = (f"the study's length law from {ladders} (exponent b in [{_exponent(measured['b_low'], -1)}, "
-           f"{_exponent(measured['b_high'], 1)}], b = {_exponent(b, 1 if b > 0 else -1)} taken)"
+    law = (f"the study's length law from {ladders} (exponent b in [{exponent_text(measured['b_low'], -1)}, "
+           f"{exponent_text(measured['b_high'], 1)}], b = {exponent_text(b, 1 if b > 0 else -1)} taken)"
            if measured else
            f"no length law measured yet: assumed per sequence (b = {b:+.0f})" if b else
            "no length law measured yet: shorter responses keep the limit")

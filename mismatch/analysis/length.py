@@ -68,6 +68,12 @@ def brackets(levels: pd.DataFrame, *, by: list[str], verdict: str = "verdict",
     return pd.DataFrame(out)
 
 
+def exponent_text(b: float | None, side: int) -> str:
+    """An exponent as the reports and the check's notes write it (`+0.25`); an open end — ±∞, or NaN / None as
+    a thresholds file holds one — as +∞ on the upper `side` (> 0), −∞ on the lower."""
+    return f"{b:+.2f}" if b is not None and math.isfinite(b) else ("+∞" if side > 0 else "−∞")
+
+
 @dataclass(frozen=True)
 class LengthLaw:
     """The power laws `limit(T) = c·T^b` that pass through every bracket.
@@ -95,12 +101,11 @@ class LengthLaw:
         """One line: the interval, the midpoint fit, the hypotheses allowed and excluded."""
         if not self.consistent:
             return "no power law passes through every bracket"
-        fmt = lambda b: f"{b:+.2f}" if math.isfinite(b) else ("−∞" if b < 0 else "+∞")  # noqa: E731
         allowed = [n for n, ok in self.hypotheses.items() if ok]
         excluded = [n for n, ok in self.hypotheses.items() if not ok]
-        mid = (f"midpoints: {fmt(self.b_mid)}" if not math.isnan(self.b_mid)
+        mid = (f"midpoints: {exponent_text(self.b_mid, 1)}" if not math.isnan(self.b_mid)
                else "no midpoint fit: fewer than two closed brackets")
-        return (f"exponent b in [{fmt(self.b_low)}, {fmt(self.b_high)}] ({mid}); "
+        return (f"exponent b in [{exponent_text(self.b_low, -1)}, {exponent_text(self.b_high, 1)}] ({mid}); "
                 f"allowed: {', '.join(allowed) or 'none'}; excluded: {', '.join(excluded) or 'none'}")
 
     @property

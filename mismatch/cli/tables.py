@@ -233,9 +233,10 @@ def thresholds_table(thresholds) -> Table:
              for where, per_loss in (("", thresholds.loss_limits), (", window", thresholds.loss_window_limits))
              if per_loss]
     if thresholds.length_law:  # beyond the fitted lengths the limit scales as T^b, b the law's cautious end
+        from mismatch.analysis.length import exponent_text
+
         def law(v: dict) -> str:
-            ends = [f"{b:+.2f}" if math.isfinite(b) else sign + "∞" for b, sign in ((v["b_low"], "−"), (v["b_high"], "+"))]
-            return f"b in [{ends[0]}, {ends[1]}]"
+            return f"b in [{exponent_text(v['b_low'], -1)}, {exponent_text(v['b_high'], 1)}]"
 
         lines.append("length law (limit ∝ T^b beyond the fitted lengths) per loss: " + "; ".join(
             [f"{loss} {law(v)}" for loss, v in sorted(thresholds.loss_length_laws.items())]
