@@ -343,8 +343,8 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     else:
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
-    fitted_at = table.for_loss(pipeline.trainer.loss, window=windowed)[2]
-    length = _length_margin(table, primary, assumed, fitted_at, pipeline.trainer.loss) if fitted else (None, "")
+    length = (_length_margin(table, primary, assumed, pipeline.trainer.loss, window=windowed) if fitted
+              else (None, ""))
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
                           status=overall(decisions), metrics=metrics, decisions=decisions,
@@ -427,14 +427,15 @@ def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tupl
     return (tokens / edge) ** float(b), float(b)
 
 
-def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], fitted_at: list[float],
-                   loss: str | None) -> tuple[Decision | None, str]:
+def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], loss: str | None, *,
+                   window: bool = False) -> tuple[Decision | None, str]:
     """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
-    window of lengths its limit was fitted at (`fitted_at`: `Thresholds.response_tokens` for the first-step limits,
-    `window_response_tokens` for the window's), the gate again with the limit scaled by the length law of the
+    window of lengths the trainer's `loss`'s limit was fitted at (`Thresholds.for_loss`: the first-step limit's,
+    or with `window` the window limit's), the gate again with the limit scaled by the length law of the
     trainer's `loss` (`Thresholds.length_law_for`) — admit below it, else uncertain (never a reject of its own:
     rejecting is the fitted gate's). The note always says which length was assumed, and which ladders' law."""
     tokens, origin = assumed
+    fitted_at = table.for_loss(loss, window=window)[2]
     if len(fitted_at) != 2 or math.isnan(tokens):
         return None, ""
     low, high = fitted_at
@@ -520,8 +521,7 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    loss = pipeline.trainer.loss
-    length = _length_margin(table, decisions[0], dumped, table.for_loss(loss)[2], loss) if fitted else (None, "")
+    length = _length_margin(table, decisions[0], dumped, pipeline.trainer.loss) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
              *(n for _, n in (drift, length, *lagged) if n)]
