@@ -343,7 +343,7 @@ def check(model: str | LM, rollout: str | None = None, *, layers: str = "linear"
     else:
         primary, lagged = decisions[0], _lagged(table, pipeline, assumed[0])
         drift = _drift_margin(table, primary, RolloutSpec.parse(static).source) if fitted and spec else (None, "")
-    length = (_length_margin(table, primary, assumed, pipeline.trainer.loss, window=windowed) if fitted
+    length = (_length_margin(table, primary, assumed, pipeline.trainer, window=windowed) if fitted
               else (None, ""))
     decisions += [d for d, _ in (drift, length, *lagged) if d is not None]  # each decides like a gate, and says so
     admission = Admission(model=name, rollout=static, layers=layers,
@@ -427,25 +427,29 @@ def length_factor(tokens: float, fitted: tuple[float, float], law: dict) -> tupl
     return (tokens / edge) ** float(b), float(b)
 
 
-def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], loss: str | None, *,
+def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, str], trainer: TrainerSettings, *,
                    window: bool = False) -> tuple[Decision | None, str]:
     """The fitted gate at the pipeline's response length (`length_factor`): where that length lies outside the
-    window of lengths the trainer's `loss`'s limit was fitted at (`Thresholds.for_loss`: the first-step limit's,
+    window of lengths the trainer's loss's limit was fitted at (`Thresholds.for_loss`: the first-step limit's,
     or with `window` the window limit's), the gate again with the limit scaled by the length law of the
-    trainer's `loss` (`Thresholds.length_law_for`) — admit below it, else uncertain (never a reject of its own:
-    rejecting is the fitted gate's). The note always says which length was assumed, and which ladders' law."""
+    trainer's loss (`Thresholds.length_law_for`) — admit below it, else uncertain (never a reject of its own:
+    rejecting is the fitted gate's). The note always says which length was assumed, and which ladders' law — and
+    that the law is carried over where its ladders ran with another TIS cap than the `trainer`'s."""
     tokens, origin = assumed
-    fitted_at = table.for_loss(loss, window=window)[2]
+    fitted_at = table.for_loss(trainer.loss, window=window)[2]
     if len(fitted_at) != 2 or math.isnan(tokens):
         return None, ""
     low, high = fitted_at
-    measured, ladders = table.length_law_for(loss)
+    measured, ladders = table.length_law_for(trainer.loss)
     factor, b = length_factor(tokens, (low, high), measured)
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
     if _within(tokens, (low, high)):
         return None, f"{where} (within 2x: per token as fitted)"
+    caps, tis = (measured or {}).get("tis_caps") or [], "off" if trainer.tis_cap is None else f"{trainer.tis_cap:g}"
+    carried = (f"; they ran with tis_cap {', '.join(caps)}, this trainer's is {tis}: carried over, not measured"
+               if caps and tis not in caps else "")
     law = (f"the study's length law from {ladders} (exponent b in [{exponent_text(measured['b_low'], -1)}, "
-           f"{exponent_text(measured['b_high'], 1)}], b = {exponent_text(b, 1 if b > 0 else -1)} taken)"
+           f"{exponent_text(measured['b_high'], 1)}], b = {exponent_text(b, 1 if b > 0 else -1)} taken{carried})"
            if measured else
            f"no length law measured yet: assumed per sequence (b = {b:+.0f})" if b else
            "no length law measured yet: shorter responses keep the limit")
@@ -521,7 +525,7 @@ def _check_dump(model: str | LM, dump: str | Path, thresholds, *, seed: int, pip
     lagged = _lagged(table, pipeline, dumped[0])
     fitted = not isinstance(thresholds, dict)
     drift = _drift_margin(table, decisions[0], "engine") if fitted else (None, "")
-    length = _length_margin(table, decisions[0], dumped, pipeline.trainer.loss) if fitted else (None, "")
+    length = _length_margin(table, decisions[0], dumped, pipeline.trainer) if fitted else (None, "")
     decisions = [*decisions, *(d for d, _ in (drift, length, *lagged) if d is not None)]
     notes = [*scored.notes, *small_calibration_notes(int(scored.summary["sequences"])),
              *(n for _, n in (drift, length, *lagged) if n)]

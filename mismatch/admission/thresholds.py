@@ -37,7 +37,7 @@ from mismatch.admission.limits import (LAGGED_SOURCES, STATIC_SOURCES, STATISTIC
 from mismatch.admission.transfer import WINDOW, drift_table, first_step_statistics, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.analysis.length import family, is_rung, length_tables
+from mismatch.analysis.length import family, is_rung, length_tables, setting_value
 from mismatch.analysis.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
@@ -82,8 +82,12 @@ class Thresholds:
     # the exponent on either side (`LengthLaw.informative`; the check then assumes per sequence)
     length_law: dict = field(default_factory=dict)
     # the same per loss (`opd`'s names), over that loss's ladders alone: what the check scales a trainer's limit
-    # by where the study ran a ladder under its loss (`length_law_for`); empty in a file written before it
+    # by where the study ran a ladder under its loss (`length_law_for`), with `tis_caps` (the TIS caps its ladders
+    # ran with, as the settings write them: "off", "2"); empty in a file written before it
     loss_length_laws: dict[str, dict] = field(default_factory=dict)
+    # per loss whose ladders ran but bound no exponent, why: "fits no power law" (brackets no power law passes
+    # through) or "bounds no exponent" (open on both sides, e.g. tolerated to its top at every length)
+    loss_open_ladders: dict[str, str] = field(default_factory=dict)
     # per loss (`opd`'s names), the primary statistic's first-step limit fitted on that loss's decided levels alone,
     # where they lie on both sides of it (`loss_limits_from`): `limit`, `bracket`, `levels`, `not_tolerated`,
     # `response_tokens` and its leave-one-pair-out record (`held_out_levels`, `held_out_right`, `always_admit_right`,
@@ -130,13 +134,16 @@ class Thresholds:
     def length_law_for(self, loss: str | None) -> tuple[dict, str]:
         """The length law a trainer's `loss`'s limit is scaled by, and whose ladders it comes from: the loss's own
         (`loss_length_laws`) where a ladder run under it bounds the exponent, else the envelope of every ladder
-        (`length_law`, also for `loss` None; empty where no ladder bounds it)."""
+        (`length_law`, also for `loss` None; empty where no ladder bounds it), saying why the loss has none of
+        its own (no ladder ran under it, or its ladders bound no exponent: `loss_open_ladders`)."""
         own = self.loss_length_laws.get(loss) if loss is not None else None
         if own:
             return own, f"{loss}'s ladder{'s' if len(own['ladders']) > 1 else ''}"
         losses = sorted({k for k in self.loss_length_laws if k != loss})
+        why = (f"{loss}'s {self.loss_open_ladders[loss]}" if loss in self.loss_open_ladders
+               else f"none ran {loss}" if loss else "")
         return self.length_law, ("every ladder" if not losses else
-                                 f"the ladders of {', '.join(losses)}" + (f"; none ran {loss}" if loss else ""))
+                                 f"the ladders of {', '.join(losses)}" + (f"; {why}" if why else ""))
 
     @property
     def fitted_on(self) -> str:
@@ -213,7 +220,8 @@ def labelled_points(rows: pd.DataFrame, runs: pd.DataFrame, levels: pd.DataFrame
     levels = levels.rename(columns={"mismatch_kl": "run_mismatch_kl"}).drop(columns="first_mismatch_kl", errors="ignore")
     points = levels[levels["source"].isin(STATIC_SOURCES)].join(means, on=keys)
     points = points.assign(level=points["level"].map(str), decided=points["verdict"] != "uncertain",
-                           tolerated=points["verdict"] == "tolerated")
+                           tolerated=points["verdict"] == "tolerated",
+                           **{c: points[c].astype(float) for c in points if c.endswith("_df")})  # 2.0 whatever the rows
     return points.reset_index(drop=True)
 
 
@@ -321,9 +329,12 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
               if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
-    laws = [(key, law) for key, law in length_tables(levels, family)[1] if law.informative]  # an open one: no law
+    ladders = length_tables(levels, family)[1]
+    laws = [(key, law) for key, law in ladders if law.informative]  # an open one: no law
     loss_length = {loss: _envelope([(key, law) for key, law in laws if key[1] == loss])  # key: family, loss, settings
                    for loss in sorted({key[1] for key, _ in laws})}
+    open_ladders = {loss: "ladder fits no power law" if any(not law.consistent for key, law in ladders if key[1] == loss)
+                    else "ladder bounds no exponent" for loss in sorted({key[1] for key, _ in ladders} - set(loss_length))}
     opd_ids = sorted(rows["run_id"].unique())
     provenance = {"results": sources, "opd_runs": len(opd_ids),
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
@@ -338,7 +349,8 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                       response_tokens=_span(decided["response_tokens"]),
                       window_response_tokens=_span(every.loc[every[f"window:{PRIMARY}"].notna(), "response_tokens"]
                                                    if f"window:{PRIMARY}" in every else every["response_tokens"][:0]),
-                      length_law=_envelope(laws), loss_length_laws=loss_length, loss_limits=loss_limits_from(decided),
+                      length_law=_envelope(laws), loss_length_laws=loss_length,
+                      loss_open_ladders=open_ladders, loss_limits=loss_limits_from(decided),
                       loss_window_limits=loss_limits_from(every, f"window:{PRIMARY}") if f"window:{PRIMARY}" in every
                       else {})
 
@@ -346,12 +358,14 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
 def _envelope(laws: list[tuple[tuple, object]]) -> dict:
     """The length law of several ladders' (`(key, LengthLaw)`): the most cautious exponent on each side — the
     lowest b for longer responses, the highest for shorter — the lengths they ran at and the ladders' names
-    (family · loss · settings); empty without a ladder."""
+    (family · loss · settings) and the TIS caps they ran with (`tis_caps`: "off", "2", …; none where the
+    dataset never varied the cap); empty without a ladder."""
     if not laws:
         return {}
     return {"b_low": _finite(min(law.b_low for _, law in laws)), "b_high": _finite(max(law.b_high for _, law in laws)),
             "lengths": sorted({t for _, law in laws for t in law.lengths}),
-            "ladders": [" · ".join(map(str, key)) for key, _ in laws]}
+            "ladders": [" · ".join(map(str, key)) for key, _ in laws],
+            "tis_caps": sorted({cap for key, _ in laws if (cap := setting_value(key[2], "tis_cap")) is not None})}
 
 
 def _span(tokens: pd.Series) -> list[float]:

@@ -160,14 +160,20 @@ def family(pair: str) -> str:
 LENGTH_SETTING = "max_new_tokens"  # the settings item that caps the response: a rung's, not the ladder's
 
 
+def setting_value(settings: str, name: str) -> str | None:
+    """The value of the item `name` in a level's settings text (`mismatch.analysis.tolerance.run_table`):
+    `("lr 0.0003, tis_cap off", "tis_cap")` → `"off"`; None where the text has no such item (a setting the
+    dataset never varied)."""
+    values = [item.removeprefix(name + " ") for item in settings.split(", ") if item.startswith(name + " ")]
+    return values[0] if values else None
+
+
 def split_length(settings: str) -> tuple[str, str]:
     """A level's settings text (`mismatch.analysis.tolerance.run_table`) as (the ladder's settings, the response cap):
     `"lr 0.0003, max_new_tokens 16"` → `("lr 0.0003", "16")`; without a cap item, `(settings, "")`; `off` is the
     pair's own cap."""
-    items = settings.split(", ")
-    caps = [item.removeprefix(LENGTH_SETTING + " ") for item in items if item.startswith(LENGTH_SETTING + " ")]
-    rest = [item for item in items if not item.startswith(LENGTH_SETTING + " ")]
-    return ", ".join(rest) or "default", (caps[0] if caps else "")
+    rest = [item for item in settings.split(", ") if not item.startswith(LENGTH_SETTING + " ")]
+    return ", ".join(rest) or "default", setting_value(settings, LENGTH_SETTING) or ""
 
 
 def is_rung(settings: pd.Series) -> pd.Series:

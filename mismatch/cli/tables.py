@@ -238,9 +238,11 @@ def thresholds_table(thresholds) -> Table:
         def law(v: dict) -> str:
             return f"b in [{exponent_text(v['b_low'], -1)}, {exponent_text(v['b_high'], 1)}]"
 
+        own = [f"{loss} {law(v)}" for loss, v in sorted(thresholds.loss_length_laws.items())]
+        others = "".join(f"{loss} (its {why}) and " for loss, why in sorted(thresholds.loss_open_ladders.items()))
         lines.append("length law (limit ∝ T^b beyond the fitted lengths) per loss: " + "; ".join(
-            [f"{loss} {law(v)}" for loss, v in sorted(thresholds.loss_length_laws.items())]
-            + [f"any other loss every ladder's envelope, {law(thresholds.length_law)}"]))
+            [*own, f"{others}any other loss every ladder's envelope, {law(thresholds.length_law)}"] if own
+            else [f"{others}every loss the envelope of every ladder, {law(thresholds.length_law)}"]))
     if lines:
         table.caption = escape("\n".join(lines))
     return table

@@ -359,7 +359,18 @@ def test_the_limit_follows_the_pipelines_response_length():
         assert d.limit == pytest.approx(2.0 * (mean / 6) ** b)
         assert any(("from pg-rkl-is's ladder" if b == -2.0 else "ladders of pg-rkl-is; none ran full-rkl") in n
                    for n in got.notes)
-    table.loss_length_laws = {}
+    # its ladders ran without TIS: a trainer with a cap gets the law, said to be carried over; a loss whose
+    # ladder ran but bounds nothing gets the envelope, said so
+    table.loss_length_laws["pg-rkl-is"]["tis_caps"] = ["off"]
+    for cap, carried in ((None, False), (2.0, True)):
+        got = check(lm, "noise:0.1", calibration=cal, thresholds=table,
+                    pipeline=Pipeline(trainer=TrainerSettings(loss="pg-rkl-is", tis_cap=cap)))
+        assert length_decision(got)[0].limit == pytest.approx(2.0 * (mean / 6) ** -2.0)
+        assert any("tis_cap off, this trainer's is 2: carried over" in n for n in got.notes) is carried
+    table.loss_open_ladders = {"full-rkl": "ladder bounds no exponent"}
+    got = check(lm, "noise:0.1", calibration=cal, thresholds=table, pipeline=Pipeline(trainer=TrainerSettings(loss="full-rkl")))
+    assert any("ladders of pg-rkl-is; full-rkl's ladder bounds no exponent" in n for n in got.notes)
+    table.loss_length_laws, table.loss_open_ladders = {}, {}
     table.length_law = {**table.length_law, "b_low": None}  # open below: nothing carries to longer responses
     opened = check(lm, "noise:0.1", calibration=cal, thresholds=table)
     assert length_decision(opened)[0].limit == 0.0 and opened.status == "uncertain"

@@ -1,6 +1,7 @@
 """Threshold fitting: the split against brute force, and a whole fit on a hand-made study."""
 
 import dataclasses
+import json
 import math
 import random
 
@@ -239,13 +240,14 @@ def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
     json.loads(t.to_json(tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
 
 
-def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str = "full-rkl") -> list[pd.DataFrame]:
-    """A length ladder on sort-gpt2 under `loss`: at each response cap, a clean twin and noise levels of (KL ratio,
-    first-step mismatch_kl), three seeds, every response at its cap (`tokens` = cap × batch)."""
+def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str = "full-rkl", **config) -> list[pd.DataFrame]:
+    """A length ladder on sort-gpt2 under `loss` (and `config`'s other `OPDConfig` fields): at each response cap, a
+    clean twin and noise levels of (KL ratio, first-step mismatch_kl), three seeds, every response at its cap
+    (`tokens` = cap × batch)."""
     frames = []
     for cap, levels in ratios.items():
         for seed in range(3):
-            cfg = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap, seed=seed, loss=loss)
+            cfg = OPDConfig(pair="sort-gpt2", steps=2, batch_size=4, max_new_tokens=cap, seed=seed, loss=loss, **config)
             for rollout, (ratio, kl) in {"none": (1.0, 0.0), **{f"noise:{s}": v for s, v in levels.items()}}.items():
                 frames.append(opd_rows(dataclasses.replace(cfg, rollout=rollout), {
                     "heldout_rkl": {0: 2.0, 2: ratio * (1 + 0.01 * seed) if rollout != "none" else 1.0},
@@ -292,3 +294,27 @@ def test_each_loss_scales_by_the_law_of_its_own_ladder(study, tmp_path):
     assert back.length_law_for("pg-rkl-is") == (t.loss_length_laws["pg-rkl-is"], "pg-rkl-is's ladder")
     assert back.length_law_for("pg-rkl") == (t.length_law, "the ladders of full-rkl, pg-rkl-is; none ran pg-rkl")
     assert back.length_law_for(None)[0] == t.length_law
+    assert t.loss_open_ladders == {} and all("tis_caps" in law for law in t.loss_length_laws.values())
+
+
+def test_a_loss_whose_ladder_bounds_nothing_is_named_and_each_law_keeps_its_tis_caps(study, tmp_path):
+    """A ladder under pg-rkl tolerated to its top at both lengths bounds no exponent: pg-rkl has no law of its own,
+    `loss_open_ladders` says why and `length_law_for` says so instead of "none ran"; a ladder whose brackets no
+    power law passes through (three rungs that rise and fall) is named as such. Each law records the TIS caps its ladders ran with (the settings' text)."""
+    full = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (2.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (2.0, 1.5)}}, tis_cap=2.0)
+    open_top = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (1.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (1.0, 1.5)}}, loss="pg-rkl")
+    t = thresholds_from_rows(pd.concat([study, *full, *open_top], ignore_index=True), sources=["hand-made"])
+    assert sorted(t.loss_length_laws) == ["full-rkl"] and t.loss_length_laws["full-rkl"]["tis_caps"] == ["2"]
+    assert t.loss_open_ladders == {"pg-rkl": "ladder bounds no exponent"}
+    path = t.to_json(tmp_path / "t.json")
+    back = Thresholds.from_json(path)
+    assert back.loss_open_ladders == t.loss_open_ladders
+    # degrees of freedom are floats in the file (2.0: not 2 or 2.0 by what the other rows hold)
+    assert {type(p[k]) for p in json.loads(path.read_text())["points"] for k in p if k.endswith("_df")} == {float}
+    assert back.length_law_for("pg-rkl") == (t.length_law, "the ladders of full-rkl; pg-rkl's ladder bounds no exponent")
+    # two closed brackets always admit a power law; three need not: [0.5, 0.6] at 8 and 128 tokens and [2, 2.5] at 32
+    # want b ≥ log(2/0.6)/log 4 > 0 from 8 to 32 and b ≤ log(0.6/2)/log 4 < 0 from 32 to 128
+    crossed = _ladder_rows({8: {0.1: (1.0, 0.5), 0.3: (2.0, 0.6)}, 32: {0.1: (1.0, 2.0), 0.3: (2.0, 2.5)},
+                            128: {0.1: (1.0, 0.5), 0.3: (2.0, 0.6)}}, loss="pg-rkl")
+    t = thresholds_from_rows(pd.concat([study, *full, *crossed], ignore_index=True), sources=["hand-made"])
+    assert t.loss_open_ladders == {"pg-rkl": "ladder fits no power law"} and "pg-rkl" not in t.loss_length_laws

@@ -1,5 +1,6 @@
 """What the CLI prints: a cost that does not apply is left out, not printed as NaN."""
 
+import dataclasses
 import math
 
 from mismatch.cli.tables import recipe_text
@@ -58,3 +59,13 @@ def test_the_thresholds_table_names_each_losss_first_step_and_window_limits():
     for loss, v in t.loss_length_laws.items():
         high = f"{v['b_high']:+.2f}" if math.isfinite(v["b_high"]) else "+∞"
         assert f"{loss} b in [{v['b_low']:+.2f}, {high}]" in text
+    # a file from before the per-loss laws: the envelope for every loss; a loss whose ladder bounds nothing named
+    old = dataclasses.replace(t, loss_length_laws={}, loss_open_ladders={})
+    buffer = io.StringIO()
+    Console(file=buffer, width=400).print(thresholds_table(old))
+    text = " ".join(buffer.getvalue().split())  # the caption as one line, wherever it wrapped
+    assert "per loss: every loss the envelope of every ladder, b in" in text and "any other loss" not in text
+    some = dataclasses.replace(t, loss_open_ladders={"pg-rkl": "ladder bounds no exponent"})
+    buffer = io.StringIO()
+    Console(file=buffer, width=400).print(thresholds_table(some))
+    assert "pg-rkl (its ladder bounds no exponent) and any other loss every ladder's envelope" in " ".join(buffer.getvalue().split())
