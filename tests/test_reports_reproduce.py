@@ -42,6 +42,6 @@ def test_the_shipped_admission_limits_are_fitted_on_the_committed_results(monkey
     assert shipped.provenance["results"] == [str(p.relative_to(ROOT)) for p in COMMITTED]
     for name in ("limits", "brackets", "window_limits", "window_brackets", "drift", "length_law", "response_tokens",
                  "window_response_tokens", "loss_limits", "loss_window_limits",
-                 "loss_length_laws"):  # floats survive JSON
+                 "loss_length_laws", "loss_open_ladders"):  # floats survive JSON
         got, want = (json.dumps(getattr(t, name), sort_keys=True) for t in (shipped, fitted))
         assert got == want, f"the shipped {name} are not the committed results' fit: run `make thresholds`"
