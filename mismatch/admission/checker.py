@@ -54,6 +54,7 @@ from mismatch.admission.transfer import WINDOW
 from mismatch.admission.recipe import search_recipe
 from mismatch.admission.thresholds import Thresholds, load_thresholds
 from mismatch.analysis.length import exponent_text
+from mismatch.analysis.tolerance import short_text
 from mismatch.dumps import score_rollouts
 from mismatch.rollout.source import RolloutSource, open_source
 from mismatch.errors import InputError, of_type
@@ -445,7 +446,7 @@ def _length_margin(table: Thresholds, fitted: Decision, assumed: tuple[float, st
     where = f"response length: {tokens:.0f} tokens, {origin}; the limits were fitted at {low:.0f}–{high:.0f} tokens"
     if _within(tokens, (low, high)):
         return None, f"{where} (within 2x: per token as fitted)"
-    caps, tis = (measured or {}).get("tis_caps") or [], "off" if trainer.tis_cap is None else f"{trainer.tis_cap:g}"
+    caps, tis = (measured or {}).get("tis_caps") or [], short_text(trainer.tis_cap)  # as the ladders' settings write it
     carried = (f"; they ran with tis_cap {', '.join(caps)}, this trainer's is {tis}: carried over, not measured"
                if caps and tis not in caps else "")
     law = (f"the study's length law from {ladders} (exponent b in [{exponent_text(measured['b_low'], -1)}, "
