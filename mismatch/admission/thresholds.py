@@ -340,7 +340,7 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
                   "opd_run_ids_sha": _digest(opd_ids), "kl_tol": tolerance.kl_tol, "acc_tol": tolerance.acc_tol,
                   "fitted_with": f"mismatch {__version__}",
                   "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "label": (f"the level's verdict over seeds (95% intervals of Δ accuracy against −{100 * tolerance.acc_tol:g} "
+                  "label": (f"the level's verdict over seeds (the sequential design's intervals of Δ accuracy against −{100 * tolerance.acc_tol:g} "
                             f"points and of the KL ratio against {1 + tolerance.kl_tol:g}); fitted on decided levels "
                             f"only: {len(decided)} of {len(points)}")}
     return Thresholds(primary=PRIMARY, limits=limits, brackets=brackets, points=_records(points),

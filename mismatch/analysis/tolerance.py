@@ -137,6 +137,17 @@ def judge_level(acc: np.ndarray | list[float], kl: np.ndarray | list[float], acc
     return out
 
 
+# a level's runs, per seed, as far as the tables see them: equal in all of these, two levels are one run set
+FINGERPRINT = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "heldout_accuracy", "heldout_rkl",
+               "response_tokens"]
+
+
+def _settings_apart(settings: str, other: str) -> str:
+    """The parts of a settings text that differ from `other`'s ("tis_cap 2" against "tis_cap off")."""
+    theirs = set(other.split(", "))
+    return ", ".join(part for part in settings.split(", ") if part not in theirs) or settings
+
+
 def _clearance(mean: float, half: float, limit: float) -> float:
     """How far the interval `mean ± half` stays off `limit` (positive: it clears it; NaN without one)."""
     return abs(mean - limit) - half
@@ -146,7 +157,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
                 design: Design = DEFAULT_DESIGN) -> pd.DataFrame:
     """One row per pair × source × settings × level (finished runs with a finished clean twin, pooled
     over seeds; runs sharing a seed are averaged into one value first), judged by `judge_level` under
-    the sequential `design`: seeds (distinct), the look reached, mean mismatch_kl (each run's mean over its steps)
+    the sequential `design` on the seeds of the last look reached (`seeds`, its lowest seed numbers: `Design.judged_seeds`; `seeds_run`: all distinct seeds on disk; the A/A level, the reference and not a verdict, on all), the look reached, mean mismatch_kl (each run's mean over its steps)
     and first_mismatch_kl (each run's first step, before any update: the length law's statistic), Δ accuracy and KL
     ratio with their half-widths, sds, degrees of freedom and the sd's basis (own or pooled with the
     pair's A/A level), the verdict, each mean's distance from its threshold on the allowed side
@@ -164,7 +175,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
     # grouped by the level's repr: pandas factorizes 1 and 1.0 (stale:1, noise:1.0) as one value
     judged = judged.assign(level_key=judged["level"].map(repr))
     columns = ["acc_delta", "kl_ratio", "mismatch_kl", "first_mismatch_kl", "copy_kl_fwd_mean", "acc_delta_mc_se",
-               "kl_ratio_mc_se", "kl_auc_ratio"]
+               "kl_ratio_mc_se", "kl_auc_ratio", "heldout_accuracy", "heldout_rkl", "response_tokens"]
     groups = []
     for (pair, source, settings, _), runs_of in judged.groupby(["pair", "source", "settings", "level_key"], sort=False):
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
@@ -174,20 +185,27 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
     out, seen = [], {}
     for pair, source, settings, runs_of, group in groups:
         level = runs_of["level"].iloc[0]
-        fingerprint = (pair, source, settings, tuple(map(tuple, group[["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean"]]
-                                                          .reset_index().fillna(-1.0).to_numpy().tolist())))
-        if source != NOISE_FLOOR_SOURCE and fingerprint in seen:  # the same runs bit for bit: one level
-            seen[fingerprint]["same_as"].append(short_text(level))
+        # the same runs bit for bit, whatever the level's name or its settings (a TIS cap that never binds), under
+        # one loss (another loss's runs are other runs, however alike their finals): one level
+        loss = "/".join(sorted(set(runs_of["loss"].dropna().astype(str)))) if "loss" in runs_of else ""
+        fingerprint = (pair, source, loss, tuple(map(tuple, group.reindex(columns=FINGERPRINT)
+                                                .reset_index().fillna(-1.0).to_numpy().tolist())))
+        if source != NOISE_FLOOR_SOURCE and fingerprint in seen:
+            first = seen[fingerprint]
+            first["same_as"].append(short_text(level) if first["settings"] == settings
+                                    else f"{short_text(level)} ({_settings_apart(settings, first['settings'])})")
             continue
+        seeds_run = len(group)
+        if source != NOISE_FLOOR_SOURCE:  # a look partly run waits for its look; the A/A level, every level's
+            group = group.iloc[:design.judged_seeds(seeds_run)]  # reference and not one of the verdicts, keeps all
         ref = references.get((pair, settings)) if source != NOISE_FLOOR_SOURCE else None
         metrics = set(runs_of["accuracy_metric"].dropna())
-        row = {"pair": pair, "source": source, "settings": settings, "level": level,
-               "loss": "/".join(sorted(set(runs_of["loss"].dropna().astype(str)))) if "loss" in runs_of else ""}
+        row = {"pair": pair, "source": source, "settings": settings, "level": level, "loss": loss}
         row.update(judge_level(group["acc_delta"], group["kl_ratio"],
                                None if ref is None else ref["acc_delta"], None if ref is None else ref["kl_ratio"],
                                tolerance=tolerance, design=design,
                                judge_accuracy=bool(metrics) and all(judges_accuracy(m) for m in metrics)))
-        row.update({"seeds": len(group),
+        row.update({"seeds": len(group), "seeds_run": seeds_run,
                     "mismatch_kl": float(group["mismatch_kl"].mean()),
                     "first_mismatch_kl": float(group["first_mismatch_kl"].mean()) if "first_mismatch_kl" in group else math.nan,
                     "copy_kl_fwd_mean": float(group["copy_kl_fwd_mean"].mean()),

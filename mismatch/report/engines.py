@@ -57,7 +57,7 @@ def static_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def dynamic_table(levels: pd.DataFrame) -> pd.DataFrame:
-    """Each engine level beside its twin (same pair and settings): means ± 95% intervals and verdicts."""
+    """Each engine level beside its twin (same pair and settings): means ± the design's intervals and verdicts."""
     if levels.empty or not levels["level"].map(is_engine).any():
         return pd.DataFrame()
     out = []
@@ -90,8 +90,8 @@ def _markdown(static: pd.DataFrame, dynamic: pd.DataFrame) -> str:
         "GGUF file, run by llama.cpp's CPU kernels, KV cache f16 unless `kv-f32`) or in PyTorch under the "
         "simulated format of the same bits (its twin: f16 ↔ dtype:fp16, q8_0 ↔ int8:group32, q4_0 ↔ "
         "int4:group32). Static: full-vocabulary mismatch on the same responses (nats per token). Dynamic: "
-        "OPD with those rollouts against the clean twin run, mean over seeds ± 95% interval; one seed has "
-        "no interval (uncertain).", "",
+        "OPD with those rollouts against the clean twin run, mean over seeds ± the sequential design's interval "
+        "(tolerance.md); before its first look a level has none (uncertain).", "",
         "## Static", "", markdown_table(shown) if len(static) else "(no engine probe)", "",
         "## Dynamic", "", markdown_table(dynamic) if len(dynamic) else "(no engine OPD run)", ""])
 

@@ -93,7 +93,7 @@ def frontier_markdown(table: pd.DataFrame, *, tolerance: Tolerance) -> str:
              "the student's own precision (fp32): weight bytes read per decoded token, rollouts generated per "
              "trained step (1/R with reuse), and the step's wall clock (rollout share measured in the pair's clean "
              "runs; a lag K ≥ 1 overlaps generation and training). Δ and KL ratio against each run's clean twin, "
-             f"mean ± 95% interval over seeds; *kept up* = means within −{100 * tolerance.acc_tol:g} points and "
+             f"mean over seeds ± the sequential design's interval; *kept up* = means within −{100 * tolerance.acc_tol:g} points and "
              f"{1 + tolerance.kl_tol:g}; *cheapest* marks each pair's cheapest level by step wall clock that was tolerated "
              "(intervals) and that kept up (means). " + NOT_COSTED, ""]
     for pair, group in table.groupby("pair", sort=False):

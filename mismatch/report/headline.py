@@ -95,14 +95,18 @@ def headline_markdown(levels: pd.DataFrame, runs: pd.DataFrame, floor: pd.DataFr
     shared = _shared_settings(judged)
     if len(alpha):  # one line: the range and the largest case, with its settings; every case in tolerance.md
         worst = alpha.loc[alpha["realised_alpha"].idxmax()]
-        cases = f"{100 * worst.realised_alpha:.1f}% ({worst.pair} {worst.threshold})"
+        spread = (f", a level {worst.spread_ratio:g}× as variable as its A/A level"
+                  if worst.get("spread_ratio", 1.0) != 1.0 else "")
+        cases = f"{100 * worst.realised_alpha:.1f}% ({worst.pair} {worst.threshold}{spread})"
         if len(alpha) > 1:
             cases = (f"{100 * alpha['realised_alpha'].min():.1f}–{100 * worst.realised_alpha:.1f}% over its "
-                     f"{len(alpha)} cases (pair × settings × threshold with an A/A level), the largest "
-                     f"{worst.pair} ({_own(worst.settings, shared.get(worst.pair, set()))}) {worst.threshold}; "
+                     f"{len(alpha)} cases (pair × settings × threshold with an A/A level"
+                     f"{' × spread ratio' if 'spread_ratio' in alpha else ''}), the largest "
+                     f"{worst.pair} ({_own(worst.settings, shared.get(worst.pair, set()))}) {worst.threshold}{spread}; "
                      "each in tolerance.md")
-        lines += ["", f"Realised error at a threshold, simulated at each pair's A/A spreads (designed for "
-                      f"{100 * design.alpha:g}%): {cases}."]
+        lines += ["", f"Realised error at a threshold, simulated at each pair's A/A spreads"
+                      f"{' and with a level more variable than its A/A level' if 'spread_ratio' in alpha else ''} "
+                      f"(designed for at most {100 * design.alpha:g}% whatever the spread): {cases}."]
     floor_lines = []
     for r in floor.itertuples() if "aa_seeds" in floor else []:
         if r.aa_seeds != r.aa_seeds:  # no A/A level for these settings

@@ -68,7 +68,7 @@ def _verdicts_markdown(rows: pd.DataFrame, analysis: Analysis) -> list[str]:
     lines = ["# OPD under rollout mismatch: tolerance verdicts", "",
              f"Tolerated: final held-out reverse KL ≤ {1 + tolerance.kl_tol:.2f} × clean and final held-out accuracy "
              f"≥ clean − {100 * tolerance.acc_tol:.0f} points (same seed, same prompts); the verdict is the level's, over "
-             "its seeds' 95% intervals (one seed: uncertain), and a run that did not reach its last step is "
+             "its seeds by the sequential design's intervals (tolerance.md; before the first look: uncertain), and a run that did not reach its last step is "
              "marked unfinished, never judged. `mismatch_kl`: mean over steps of "
              "KL(rollout ‖ student) on each step's rollout tokens (k1 estimate on the sampled tokens, nats).", ""]
     configs = {k: " / ".join(str(_config_value(v)) for v in rows[k].drop_duplicates()) for k in CONFIG_LINE if k in rows}

@@ -4,7 +4,7 @@
 over seeds (`mismatch.analysis.tolerance`):
   * `tolerance.md` / `tolerance.csv` — per pair × source × settings: the largest tolerated level
     (formats: the cheapest tolerated format), the first not tolerated, the uncertain ones; then
-    every level with its seeds, Δ accuracy and KL ratio as mean ± 95% interval, and its verdict;
+    every level with its seeds, Δ accuracy and KL ratio as mean ± the sequential design's interval, and its verdict;
   * `tolerance_levels.csv` — that per-level table;
   * `headline.md` — the study in a page, which the study page includes (`mismatch.report.headline`);
   * `noise_floor.csv` — per pair × settings, the clean finals' spread over seeds and the A/A level
@@ -21,6 +21,7 @@ and, when the dataset also holds probe runs on pair students (`PAIR:student`):
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family
 from mismatch.report.probe import block_figure, is_isolation, student_probes
 from mismatch.analysis.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
                                      noise_floor, tolerance_table, weight_bits)
-from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds, simulate
+from mismatch.analysis.sequential import DEFAULT_DESIGN, WORST_SPREAD_RATIO, Design, next_seeds, simulate
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
 MARKERS = "osD^v<>P*X"
@@ -72,7 +73,7 @@ LEVEL_AXIS = {"noise": "noise σ (× rms W)", "stale": "staleness K (steps)", "r
 
 def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
     """Δ accuracy (top) and KL ratio (bottom) vs level, one column per source (its family colour, in
-    shades for several series), one line per pair × settings, bars = 95% seed intervals; dashed lines =
+    shades for several series), one line per pair × settings, bars = the design's intervals over seeds; dashed lines =
     the thresholds. Short titles and labels; the settings go to the caption and tolerance.md."""
     columns = []  # (source, its series): a source with more than MAX_LEGEND series spans several columns
     for source in (s for s in (*LEVEL_SOURCES, *CATEGORICAL_SOURCES) if s in set(levels["source"])):
@@ -113,7 +114,7 @@ def levels_figure(levels: pd.DataFrame, *, tolerance: Tolerance):
                 ax.set_xscale("log", base=2 if source != "noise" else 10)
         axes[0, col].set_title(source, fontsize=10, color=family_color(source))
         axes[0, col].legend(fontsize=LEGEND_FONTSIZE - 1)
-    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin, mean over seeds ± 95% interval",
+    fig.suptitle("OPD under rollout mismatch: final Δ against the clean twin, mean over seeds ± the design's interval",
                  fontsize=10)
     caption(fig, _shared_caption(levels))
     return fig
@@ -257,11 +258,13 @@ def _floor_markdown(floor: pd.DataFrame) -> list[str]:
 
 
 def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Tolerance, design: Design,
-                   simulated: int = 20_000) -> pd.DataFrame:
+                   simulated: int = 10_000) -> pd.DataFrame:
     """Per pair × settings with an A/A level of ≥ 3 seeds: the design's realised two-sided error at each
     threshold, simulated (`mismatch.analysis.sequential.simulate`, `simulated` levels) with the study's own rule and
     planner at the spreads the A/A level measured (sds of Δ accuracy and KL ratio over its seeds, their
-    correlation), a reference of as many seeds, up to the design's last look."""
+    correlation), a reference of as many seeds, up to the design's last look — for a level as variable as its
+    A/A level and for one `WORST_SPREAD_RATIO` times as variable (`spread_ratio`), near where the error of the
+    A/A floor under a level's sd peaks (`Design.spent_alpha`)."""
     out = []
     plan = lambda n, v, cap: next_seeds(n, v, cap, design)  # noqa: E731
     twins = runs[(runs["source"] == NOISE_FLOOR_SOURCE) & runs["complete"] & (runs["baseline"] != "")]
@@ -283,13 +286,13 @@ def realised_alpha(levels: pd.DataFrame, runs: pd.DataFrame, *, tolerance: Toler
         cases = [("KL ratio", 0.0 if has_acc else math.nan, 1 + tolerance.kl_tol)]
         if has_acc and acc_sd > 0:
             cases.insert(0, ("Δ accuracy", -tolerance.acc_tol, 1.0))
-        for threshold, acc, kl in cases:
+        for (threshold, acc, kl), ratio in itertools.product(cases, (1.0, WORST_SPREAD_RATIO)):
             sim = simulate(judge, plan, true_acc=acc, true_kl=kl, acc_sd=max(acc_sd, 1e-12), kl_sd=max(kl_sd, 1e-12),
                            corr=corr if math.isfinite(corr) else 0.0, reference_seeds=len(per_seed),
-                           cap=design.looks[-1], levels=simulated, seed=0)
+                           cap=design.looks[-1], levels=simulated, seed=0, sd_scale=ratio)
             out.append({"pair": pair, "settings": settings, "threshold": threshold, "aa_seeds": len(per_seed),
-                        "simulated": sim.levels, "realised_alpha": sim.decided, "mc_se": sim.decided_se,
-                        "mean_seeds": sim.mean_seeds})
+                        "spread_ratio": ratio, "simulated": sim.levels, "realised_alpha": sim.decided,
+                        "mc_se": sim.decided_se, "mean_seeds": sim.mean_seeds})
     return pd.DataFrame(out)
 
 
@@ -317,8 +320,10 @@ def _design_markdown(levels: pd.DataFrame, alpha: pd.DataFrame, design: Design) 
                                              zip(alpha["realised_alpha"], alpha["mc_se"])],
                              mean_seeds=alpha["mean_seeds"].map(lambda v: f"{v:.1f}")).drop(columns="mc_se")
         lines += ["", "Realised two-sided error at each threshold, simulated (`simulated` levels on the threshold "
-                  "each, the study's own rule and planner, the A/A level's spreads and seeds; "
-                  f"designed for {100 * design.alpha:g}%):", "", markdown_table(shown)]
+                  "each, the study's own rule and planner, the A/A level's spreads and seeds; `spread_ratio`: the "
+                  "level's sd over the A/A level's; designed for at most "
+                  f"{100 * design.alpha:g}% at any spread ratio, its boundaries spending {100 * design.spent_alpha:g}%):",
+                  "", markdown_table(shown)]
     return [*lines, ""]
 
 
@@ -330,13 +335,16 @@ def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Toleran
         mismatch_kl=levels["mismatch_kl"].map(lambda v: f"{v:.3g}"),
         acc_delta=[_pm(100 * m, 100 * h, "{:+.1f}") for m, h in zip(levels["acc_delta"], levels["acc_delta_hw"])],
         kl_ratio=[_pm(m, h, "{:.3f}") for m, h in zip(levels["kl_ratio"], levels["kl_ratio_hw"])],
-        sd=[("pooled" if str(a).startswith("pooled") or str(k).startswith("pooled") else "own")
-            for a, k in zip(levels.get("acc_delta_basis", [""] * len(levels)), levels.get("kl_ratio_basis", [""] * len(levels)))],
+        sd=[_basis_text(a, k, on) for a, k, on in zip(levels.get("acc_delta_basis", [""] * len(levels)),
+                                                        levels.get("kl_ratio_basis", [""] * len(levels)),
+                                                        levels.get("judged_on", [""] * len(levels)))],
     )
     if "response_tokens" in shown:
         shown["response_tokens"] = shown["response_tokens"].map(lambda v: "—" if v != v else f"{v:.0f}")
     if "kl_auc_ratio" in shown:
         shown["kl_auc_ratio"] = [_pm(m, h, "{:.3f}") for m, h in zip(levels["kl_auc_ratio"], levels["kl_auc_ratio_hw"])]
+    if "seeds_run" in shown:  # a look partly run: its seeds wait for the look ("6 (8 run)")
+        shown["seeds"] = [f"{n} ({r} run)" if r != n else str(n) for n, r in zip(shown["seeds"], shown["seeds_run"])]
     kept = ["pair", "source", "loss", "response_tokens", "settings", "level", "seeds", "look", "mismatch_kl",
             "copy_kl_fwd_mean", "acc_delta", "kl_ratio", "kl_auc_ratio", "sd", "verdict", "judged_on", "marginal",
             "same_as", "accuracy_metric"]
@@ -352,6 +360,15 @@ def _markdown(summary: pd.DataFrame, levels: pd.DataFrame, *, tolerance: Toleran
         *_design_markdown(levels, alpha if alpha is not None else pd.DataFrame(), design),
         *_floor_markdown(floor if floor is not None else pd.DataFrame()),
         "## Every level (mean over seeds ± the design's interval)", "", markdown_table(shown), ""])
+
+
+def _basis_text(acc: object, kl: object, judged_on: object) -> str:
+    """The sd basis of the statistics a level is judged on: "pooled" or "own" (with the A/A level), per
+    statistic where they differ ("Δ own, KL pooled"); a statistic not judged is left out."""
+    word = lambda b: "pooled" if str(b).startswith("pooled") else "own"  # noqa: E731
+    if judged_on == "KL ratio":
+        return word(kl)
+    return word(kl) if word(acc) == word(kl) else f"Δ {word(acc)}, KL {word(kl)}"
 
 
 def _pm(mean: float, half: float, pattern: str) -> str:

@@ -12,7 +12,7 @@ they run (`mismatch sweep --decide --dry-run`).
 
 The seed count of a round never depends on the data beyond "decided or not" (`next_seeds`): with the
 design's α-spending boundaries, a level sitting on a threshold is declared decided at most α = 5% of
-the time over all its looks (simulated with this planner and rule: `mismatch.analysis.sequential.simulate`,
+the time over all its looks, whatever its spread against its A/A level's (simulated with this planner and rule: `mismatch.analysis.sequential.simulate`,
 tests/sweep/test_decide.py). New seeds are the smallest seed numbers the level has not on disk; a seed
 planned before whose run failed is neither retried nor replaced (a failure is the configuration's,
 not the seed's), so the rounds always end. A level still uncertain at its last look is reported as

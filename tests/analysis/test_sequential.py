@@ -46,15 +46,18 @@ def test_looks_and_critical_values():
     assert [d.look(n) for n in (1, 2, 3, 5, 6, 10, 16, 30)] == [0, 0, 1, 1, 2, 3, 4, 4]
     assert [d.next_look(n) for n in (0, 3, 9, 16)] == [3, 6, 10, None]
     assert math.isnan(d.critical(0, 5)) and math.isnan(d.half_width(1.0, 2, 1))
-    z = z_boundaries(d.looks, d.alpha, d.spending)
+    z = z_boundaries(d.looks, d.spent_alpha, d.spending)  # the boundaries spend less than the α it allows
+    assert d.spent_alpha < d.alpha and d.critical(1, 10_000) > z_boundaries(d.looks, d.alpha, d.spending)[0]
     assert d.critical(2, 10_000) == pytest.approx(z[1], rel=1e-3)  # t → z as df grows
     assert d.critical(1, 2) > d.critical(1, 11) > z[0]  # fewer degrees of freedom, a wider interval
     assert d.half_width(2.0, 4, 3) == pytest.approx(d.critical(1, 3) * 2.0 / 2)
     assert "3, 6, 10, 16" in d.describe() and "pocock" in d.describe()
+    # a level is judged on the seeds of the last look it reached: a look partly run waits for its seeds
+    assert [d.judged_seeds(n) for n in (1, 2, 3, 5, 6, 8, 10, 15, 16, 20)] == [1, 2, 3, 3, 6, 6, 10, 10, 16, 16]
 
 
 @pytest.mark.parametrize("bad", [dict(looks=()), dict(looks=(3, 3)), dict(looks=(6, 3)), dict(alpha=0.0),
-                                 dict(spending="linear")])
+                                 dict(spent_alpha=0.06), dict(spent_alpha=0.0), dict(spending="linear")])
 def test_a_bad_design_fails_in_one_line(bad):
     with pytest.raises(ValueError) as info:
         Design(**bad)

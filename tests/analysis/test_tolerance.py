@@ -14,6 +14,7 @@ from mismatch.report.tolerance import write_tolerance_report
 from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, source_level, t_interval, tolerance_table,
                                        weight_bits)
 from mismatch.analysis.length import is_rung
+from mismatch.analysis.sequential import DEFAULT_DESIGN
 from mismatch.results import read_results, tidy, write_frame
 from tests.conftest import STAMP, opd_rows
 
@@ -38,10 +39,10 @@ def _t975_by_bisection(df: int, q: float = 0.975) -> float:
 
 
 def _first_look_half(values: list[float]) -> float:
-    """The design's half-width at its first look (3 seeds of 16, Pocock-type α-spending, α 0.05) with the
+    """The design's half-width at its first look (3 seeds of 16, Pocock-type α-spending of `spent_alpha`) with the
     level's own sd, independently: the first look's z boundary has a closed form, Φ⁻¹(1 − α(3/16)/2) with
     α(t) = 0.05·ln(1 + (e − 1)t), and its t value is the same tail of Student's t (bisection here)."""
-    spent = 0.05 * math.log(1 + (math.e - 1) * 3 / 16)
+    spent = DEFAULT_DESIGN.spent_alpha * math.log(1 + (math.e - 1) * 3 / 16)
     n = len(values)
     return _t975_by_bisection(n - 1, 1 - spent / 2) * statistics.stdev(values) / math.sqrt(n)
 
@@ -72,9 +73,9 @@ def _run(config: OPDConfig, acc: float, kl: float, mismatch: float = 0.01) -> pd
 
 
 # Δ accuracy per seed (points) of each stale:K and format, and KL ratio; the clean runs end at 40% / KL 1.0
-DELTAS = {"stale:1": ([-0.8, -0.5, -0.2], 1.02), "stale:2": ([-1.0, -3.0, -2.0], 1.03),
-          "stale:4": ([-6.0, -5.0, -7.0], 1.20), "stale:8": ([-1.0, -1.2, -0.8], 1.01),
-          "int4:group128": ([0.3, -0.3, 0.0], 1.0), "fp8-e4m3": ([-0.2, 0.1, 0.0], 1.0),
+DELTAS = {"stale:1": ([-0.6, -0.5, -0.4], 1.02), "stale:2": ([-1.0, -3.0, -2.0], 1.03),
+          "stale:4": ([-6.0, -5.0, -7.0], 1.20), "stale:8": ([-1.1, -1.0, -0.9], 1.01),
+          "int4:group128": ([0.1, -0.1, 0.0], 1.0), "fp8-e4m3": ([-0.2, 0.1, 0.0], 1.0),
           "noise:0.5": ([-30.0], 2.0)}
 
 
@@ -97,7 +98,7 @@ def test_levels_pool_seeds_and_judge_with_intervals(rows):
     assert cell["acc_delta_hw"] == pytest.approx(_first_look_half(values), rel=1e-4)  # own sd: no A/A level here
     assert cell["acc_delta_basis"] == "own" and cell["acc_delta_df"] == 2
     assert cell["verdict"] == "uncertain"  # −2.0 ± 4.8 straddles −2
-    assert levels.loc[("lr 0.001", 1), "verdict"] == "tolerated"  # −0.5 ± 1.45 lies above −2, KL 1.02
+    assert levels.loc[("lr 0.001", 1), "verdict"] == "tolerated"  # −0.5 ± 0.6 lies above −2, KL 1.02
     assert levels.loc[("lr 0.001", 4), "verdict"] == "not tolerated"  # KL 1.20 on every seed: wholly above 1.1
     assert levels.loc[("lr 0.001", 0.5), "verdict"] == "uncertain"  # one seed: no interval, not called either way
     assert levels.loc[("lr 0.003", 1), "verdict"] == "uncertain"
@@ -304,6 +305,40 @@ def test_identical_levels_are_reported_once_and_marginal_ones_are_marked():
     int8 = levels.loc["int8:channel"]
     assert int8["verdict"] == "tolerated" and 0 < 1.1 - (int8["kl_ratio"] + int8["kl_ratio_hw"]) < int8["kl_ratio_mc_se"]
     assert int8["marginal"] and not levels.loc["int4:channel", "marginal"]
+
+
+def test_a_level_whose_runs_repeat_another_settings_bit_for_bit_is_reported_once():
+    """A TIS cap that never binds leaves every run as it was: int8 under tis_cap 2 is the runs of int8 without
+    TIS bit for bit — one level, listed under the first with the settings that differ; a level whose runs do
+    differ under the cap stays a level of its own."""
+    pg = dataclasses.replace(BASE, loss="pg-rkl-is")
+    frames = []
+    for cap in (None, 2.0):
+        for s in range(3):
+            frames.append(_run(dataclasses.replace(pg, tis_cap=cap, seed=s), 0.40, 1.0))
+            frames.append(_run(dataclasses.replace(pg, tis_cap=cap, seed=s, rollout="int8:channel"), 0.40, 1.0 + 0.01 * s))
+            frames.append(_run(dataclasses.replace(pg, tis_cap=cap, seed=s, rollout="noise:0.3"), 0.40,
+                               1.2 + 0.01 * s - (0.1 if cap else 0.0)))
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True)))
+    int8 = levels[levels["level"] == "int8:channel"]
+    assert len(int8) == 1 and int8["same_as"].iloc[0] == "int8:channel (tis_cap 2)"
+    assert "tis_cap off" in int8["settings"].iloc[0]
+    noise = levels[levels["level"] == 0.3].set_index("settings")
+    assert len(noise) == 2 and (noise["same_as"] == "").all()
+
+
+def test_a_look_partly_run_waits_for_its_seeds():
+    """8 seeds on disk, the design's looks at 6 and 10: the level is judged at look 2 on its 6 lowest seeds
+    (mean and interval of those alone), `seeds_run` says 8; its 2 extra seeds would only count at 10."""
+    ratios = [1.02, 1.06, 0.98, 1.04, 1.00, 1.03, 1.60, 1.70]  # the extra seeds far off: they must not move it
+    frames = [_run(dataclasses.replace(BASE, seed=s), 0.40, 1.0) for s in range(8)]
+    frames += [_run(dataclasses.replace(BASE, seed=s, rollout="fp8-e4m3"), 0.40, r) for s, r in enumerate(ratios)]
+    level = level_table(run_table(pd.concat(frames, ignore_index=True))).iloc[0]
+    first = ratios[:6]
+    assert (level["seeds"], level["seeds_run"], level["look"]) == (6, 8, 2)
+    assert level["kl_ratio"] == pytest.approx(statistics.fmean(first), rel=1e-9)
+    assert level["kl_ratio_hw"] == pytest.approx(
+        DEFAULT_DESIGN.critical(2, 5) * statistics.stdev(first) / math.sqrt(6), rel=1e-9)
 
 
 def test_a_length_rung_beside_runs_at_their_pairs_cap_is_the_only_rung(rows, tmp_path):

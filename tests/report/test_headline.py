@@ -38,5 +38,12 @@ def test_the_realised_error_is_one_line_naming_its_range_and_its_largest_case_wi
     text = headline_markdown(levels, pd.DataFrame({"complete": [True] * 6}), pd.DataFrame(), alpha,
                              tolerance=DEFAULT_TOLERANCE, design=DEFAULT_DESIGN)
     (line,) = [t for t in text.splitlines() if t.startswith("Realised error")]
-    assert "(designed for 5%): 3.4–4.1% over its 4 cases" in line
+    assert "(designed for at most 5% whatever the spread): 3.4–4.1% over its 4 cases" in line
     assert "the largest p (max_new_tokens 128) KL ratio; each in tolerance.md." in line
+    # simulated also for a level more variable than its A/A level: the largest case says how much more
+    text = headline_markdown(levels, pd.DataFrame({"complete": [True] * 6}), pd.DataFrame(),
+                             alpha.assign(spread_ratio=[1.0, 1.0, 2.5, 2.5]), tolerance=DEFAULT_TOLERANCE,
+                             design=DEFAULT_DESIGN)
+    (line,) = [t for t in text.splitlines() if t.startswith("Realised error")]
+    assert "and with a level more variable than its A/A level" in line and "× spread ratio)" in line
+    assert "KL ratio, a level 2.5× as variable as its A/A level; each in tolerance.md." in line
