@@ -185,20 +185,21 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
     out, seen = [], {}
     for pair, source, settings, runs_of, group in groups:
         level = runs_of["level"].iloc[0]
+        is_aa = source == NOISE_FLOOR_SOURCE  # the A/A level: every level's reference, not one of the verdicts
         # the same runs bit for bit, whatever the level's name or its settings (a TIS cap that never binds), under
         # one loss (another loss's runs are other runs, however alike their finals): one level
         loss = "/".join(sorted(set(runs_of["loss"].dropna().astype(str)))) if "loss" in runs_of else ""
         fingerprint = (pair, source, loss, tuple(map(tuple, group.reindex(columns=FINGERPRINT)
                                                 .reset_index().fillna(-1.0).to_numpy().tolist())))
-        if source != NOISE_FLOOR_SOURCE and fingerprint in seen:
+        if not is_aa and fingerprint in seen:
             first = seen[fingerprint]
             first["same_as"].append(short_text(level) if first["settings"] == settings
                                     else f"{short_text(level)} ({_settings_apart(settings, first['settings'])})")
             continue
         seeds_run = len(group)
-        if source != NOISE_FLOOR_SOURCE:  # a look partly run waits for its look; the A/A level, every level's
-            group = group.iloc[:design.judged_seeds(seeds_run)]  # reference and not one of the verdicts, keeps all
-        ref = references.get((pair, settings)) if source != NOISE_FLOOR_SOURCE else None
+        if not is_aa:  # a look partly run waits for its look; the A/A level keeps all its seeds
+            group = group.iloc[:design.judged_seeds(seeds_run)]
+        ref = None if is_aa else references.get((pair, settings))
         metrics = set(runs_of["accuracy_metric"].dropna())
         row = {"pair": pair, "source": source, "settings": settings, "level": level, "loss": loss}
         row.update(judge_level(group["acc_delta"], group["kl_ratio"],
@@ -223,7 +224,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
             judged = name == "kl_ratio" or row["judged_on"] != "KL ratio"
             marginal |= bool(judged and clear > 0 and mc == mc and clear < mc)
         row["marginal"] = marginal
-        if source != NOISE_FLOOR_SOURCE:
+        if not is_aa:
             seen[fingerprint] = row
         out.append(row)
     for row in out:
