@@ -1,7 +1,8 @@
 """The README's study numbers are the reports': its "What OPD tolerated" section quotes the first sentence of
 `reports/headline.md` (written by `mismatch report`), the study page includes all of it, and every decimal
 number that section or the study page quotes occurs in a file of `reports/` — so a number cannot drift from
-the results it came from."""
+the results it came from; and every interval quoted ("1.051 ± 0.032") is one level's (its estimate and
+half-width from the same row of the reports), with the verdict its sentence gives it that level's."""
 
 import re
 from pathlib import Path
@@ -108,3 +109,78 @@ def test_every_number_quoted_is_in_the_reports(page, heading):
              | (_monitor_numbers() if heading == MONITORED else set()))
     missing = sorted({n for n in quoted if _normal(n) not in known})
     assert not missing, f"{page} quotes numbers no report holds: {missing}"
+
+
+# --- a quoted interval is one level's, and the verdict the sentence gives it is that level's --------------------
+
+PLUS_MINUS = re.compile(r"(?<![\w.])([−+-]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?![\w.]*\d)")
+VERDICT = re.compile(r"not[- ]tolerated|do(?:es)? not tolerate|tolerated|tolerates?|undecided")
+SAID = {"not-tolerated": "not tolerated", "does not tolerate": "not tolerated", "do not tolerate": "not tolerated",
+        "tolerates": "tolerated", "tolerate": "tolerated"}  # the verb's forms → the verdict
+SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(])|;\s|\n\s*\n|\n- )")  # a new sentence, clause, paragraph or item
+WORDS = {"uncertain": "undecided"}  # the reports' verdict column → the word the pages use
+INTERVAL_PAGES = [("README.md", "What OPD tolerated"), ("docs/study.md", None), ("docs/admission.md", None)]
+
+
+def _matches(quoted: str, value: float) -> bool:
+    """`value` rounds to `quoted` at the quoted precision (0.0507 is 0.05068…, −41.0 is −40.99…)."""
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return abs(value - float(_normal(quoted))) <= 0.5 * 10 ** -decimals * (1 + 1e-9) + 1e-12
+
+
+def _intervals() -> list[tuple[float, float, str]]:
+    """(estimate, half-width, verdict) of every interval the reports hold: each level's KL ratio, its Δ accuracy in
+    points and as a fraction, its learning-speed ratio; each A/A level's (verdict "A/A"); the held-out
+    validation cases' (`experiments/validation/validation.json`, the study's verdict on them)."""
+    import json
+
+    import pandas as pd
+
+    out: list[tuple[float, float, str]] = []
+    levels = pd.read_csv(REPORTS / "tolerance_levels.csv")
+    for row in levels.itertuples():
+        verdict = "A/A" if row.source == "A/A" else WORDS.get(row.verdict, row.verdict)
+        for value, hw in [(row.kl_ratio, row.kl_ratio_hw), (100 * row.acc_delta, 100 * row.acc_delta_hw),
+                          (row.acc_delta, row.acc_delta_hw), (row.kl_auc_ratio, row.kl_auc_ratio_hw)]:
+            if pd.notna(value) and pd.notna(hw):
+                out.append((float(value), float(hw), verdict))
+    floor = pd.read_csv(REPORTS / "noise_floor.csv")
+    for row in floor.itertuples():
+        for value, hw in [(row.aa_kl_ratio, row.aa_kl_ratio_hw), (row.aa_acc_delta, row.aa_acc_delta_hw)]:
+            if pd.notna(value) and pd.notna(hw):
+                out.append((float(value), float(hw), "A/A"))
+    validation = json.loads((ROOT / "experiments" / "validation" / "validation.json").read_text(encoding="utf-8"))
+    for case in validation["cases"]:
+        verdict = WORDS.get(case["study"], case["study"])
+        out += [(case["kl_ratio"], case["kl_ratio_hw"], verdict), (case["acc_delta"], case["acc_delta_hw"], verdict)]
+    return out
+
+
+def _verdict_before(text: str, at: int) -> str | None:
+    """The verdict word nearest before position `at` within its sentence (None: the sentence gives none)."""
+    start = max((m.end() for m in SENTENCE_END.finditer(text, 0, at)), default=0)
+    words = VERDICT.findall(text[start:at])
+    return SAID.get(words[-1], words[-1]) if words else None
+
+
+@pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
+def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
+    """Each "estimate ± half-width" the page quotes is one interval of the reports (both numbers of the same level,
+    not each somewhere), and the verdict its sentence gives it last before the numbers ("tolerated", "not
+    tolerated", "undecided") is that level's — so a claim written under an earlier design, or beside the wrong
+    level, fails here. An A/A level's interval carries no verdict."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    text = _section(text, heading) if heading else text
+    text = re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00")).replace("\x00", "\n\n")  # wrapped lines joined
+    known = _intervals()
+    quoted = list(PLUS_MINUS.finditer(text))
+    assert quoted, "the premise: the page quotes intervals"
+    wrong = []
+    for m in quoted:
+        rows = [verdict for value, hw, verdict in known if _matches(m[1], value) and _matches(m[2], hw)]
+        said = _verdict_before(text, m.start())
+        if not rows:
+            wrong.append(f"{m[0]}: no interval of the reports")
+        elif said is not None and "A/A" not in rows and said not in rows:
+            wrong.append(f"{m[0]}: said {said!r}, the reports' level is {' / '.join(sorted(set(rows)))}")
+    assert not wrong, f"{page}: " + "; ".join(wrong)

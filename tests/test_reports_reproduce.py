@@ -45,3 +45,18 @@ def test_the_shipped_admission_limits_are_fitted_on_the_committed_results(monkey
                  "loss_length_laws", "loss_open_ladders"):  # floats survive JSON
         got, want = (json.dumps(getattr(t, name), sort_keys=True) for t in (shipped, fitted))
         assert got == want, f"the shipped {name} are not the committed results' fit: run `make thresholds`"
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed results")
+def test_the_held_out_cases_verdicts_are_the_committed_results(monkeypatch):
+    """`experiments/validation/validation.json` (docs/admission.md quotes it) is what its compare.py gives from the
+    committed rows under the design of the day: rerun `compare.py` when the design or the rows change."""
+    import importlib.util
+
+    path = ROOT / "experiments" / "validation" / "compare.py"
+    spec = importlib.util.spec_from_file_location("validation_compare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    committed = json.loads((path.parent / "validation.json").read_text(encoding="utf-8"))
+    assert json.loads(json.dumps(module.compare())) == committed, (
+        "experiments/validation/validation.json is stale: run experiments/validation/compare.py")

@@ -46,7 +46,8 @@ def _window_check(name: str, verdict: str) -> dict:
             "window_agrees": AGREES.get((admission["status"], verdict))}
 
 
-def main() -> dict:
+def compare() -> dict:
+    """The study's verdict on each held-out case beside the check's decisions (what `validation.json` holds)."""
     rows = pd.concat([pd.read_parquet(ROOT / "experiments/study_data/study.parquet"),
                       pd.read_parquet(HERE / "validation.parquet")], ignore_index=True)
     levels = analyse(rows, DEFAULT_TOLERANCE).levels
@@ -72,9 +73,13 @@ def main() -> dict:
             **_window_check(name, lv["verdict"]),
             "kept_up_by_means": bool(kept_up(level, tolerance=DEFAULT_TOLERANCE).iloc[0]),
         })
-    result = {"pair": "smollm2-concise", "loss": "full-rkl", "lr": 3e-5, "steps": 40, "cases": out}
+    return {"pair": "smollm2-concise", "loss": "full-rkl", "lr": 3e-5, "steps": 40, "cases": out}
+
+
+def main() -> dict:
+    result = compare()
     (HERE / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
-    for case in out:
+    for case in result["cases"]:
         words = {True: "agrees", False: "DISAGREES", None: "not decided by the study"}
         verdict = f"{words[case['agrees']]}; window check {case['window_check']}: {words[case['window_agrees']]}"
         print(f"{case['rollout']} on block {case['layers']}: check {case['check']} (mismatch_kl "

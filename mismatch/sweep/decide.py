@@ -56,15 +56,18 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
     """The round after `configs` (the runs planned so far), judged on their rows among `rows`.
     `max_seeds`: the cap, or the cap of a level's run (`Plan.max_seeds`: a block's own).
 
-    Only the runs of `configs` are judged (a dataset may hold other studies' runs). A level whose
-    runs are not all on disk is judged as it stands; the caller runs a round's runs before asking for
-    the next one.
+    Only the levels of `configs` get seeds, but each is judged on every OPD run of `rows`, as the reports
+    judge it: another study's runs of the same level (the same run ids: its seeds beyond these) and of its
+    A/A level (which lends the level its spread) count, so that the planner stops where the reports decide
+    (judged on this study's runs alone, a level whose A/A level had more seeds elsewhere was planned on
+    another basis than the one it was reported on). A level whose runs are not all on disk is judged as it
+    stands; the caller runs a round's runs before asking for the next one.
     """
     ids, known = _ids(configs), set(configs)
-    mine = rows[(rows["kind"] == "opd") & rows["run_id"].isin(list(ids))]
-    if mine.empty:
+    opd = rows[rows["kind"] == "opd"]
+    if not opd["run_id"].isin(list(ids)).any():
         return Round((), ())
-    analysis = analyse(mine, tolerance, design)
+    analysis = analyse(opd, tolerance, design)
     runs, levels = analysis.runs, analysis.levels
     planned: dict[tuple, list[OPDConfig]] = {}  # level → its planned (non-clean) configs, every seed
     key_of = {r["run_id"]: tuple(r[k] for k in LEVEL_KEY) for r in runs.to_dict("records")}

@@ -16,7 +16,7 @@ from mismatch.analysis.tolerance import judge_level, level_table, run_table
 from mismatch.results import read_results
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
 from mismatch.analysis.sequential import DEFAULT_DESIGN, WORST_SPREAD_RATIO, Design, next_seeds, simulate
-from mismatch.sweep.decide import next_round, rounds
+from mismatch.sweep.decide import Round, next_round, rounds
 from mismatch.verdict import DEFAULT_TOLERANCE
 from tests.conftest import opd_rows
 
@@ -129,8 +129,9 @@ def test_a_round_grows_only_the_undecided_levels_with_their_clean_twins():
 
 
 def test_rounds_replay_from_disk_and_stop_when_every_level_is_decided():
-    """Round 1's runs on disk and in the ledger: the replay takes round 1, judges it, and finds no round
-    2 once stale:1 is decided; with round 1 not yet run, the replay returns it as the round to run."""
+    """With round 1 not yet run, the replay returns it as the round to run; with its runs on disk and in the
+    ledger, stale:1 is judged on its six seeds, as the reports judge it: decided, so no round is left (the
+    round that got it there needs no replaying: its runs are done)."""
     configs, rows = _rows(DELTAS)
     ledger = {task_id(c): {"status": "done"} for c in configs}
     planned, found = rounds(configs, rows, {}, max_seeds=10)  # nothing ended in the ledger: the plan first
@@ -143,11 +144,23 @@ def test_rounds_replay_from_disk_and_stop_when_every_level_is_decided():
     rows2 = pd.concat([rows2, rows[rows["rollout"] != "stale:1"]]).drop_duplicates(["run_id", "step", "metric"])
     ledger2 = {**ledger, **{task_id(c): {"status": "done"} for c in found[0].runs}}
     again, found2 = rounds(configs, rows2, ledger2, max_seeds=10)
-    assert len(found2) == 1 and set(again) == set(everything)  # round 1 replayed, no round 2
+    assert found2 == [] and set(again) == set(configs)  # decided on the runs on disk: nothing more to run
     assert level_table(run_table(rows2)).set_index("level").loc[1, "verdict"] == "tolerated"
     failed = {**ledger, **{task_id(c): {"status": "failed"} for c in found[0].runs}}  # a failed round ends them
     again, found3 = rounds(configs, rows, failed, max_seeds=10)
     assert len(found3) == 1 and set(again) == set(everything)  # neither retried nor replaced: no round 2
+
+
+def test_a_level_is_planned_on_every_run_the_reports_judge_it_on():
+    """Another study's runs of the same level (same run ids, seeds 3–5) in the dataset: the reports judge stale:1
+    on its six seeds, and so does the planner — it plans no round for a level the reports decide (judged on
+    this study's three seeds alone it would have asked for seeds 3–5 again)."""
+    configs, _ = _rows(DELTAS)
+    more = {**DELTAS, "stale:1": [*DELTAS["stale:1"], -0.9, -0.8, -1.2]}
+    _, rows = _rows(more, seeds=range(6))  # this study's seeds 0–2 and another's 3–5
+    assert level_table(run_table(rows)).set_index("level").loc[1, ["verdict", "seeds"]].tolist() == ["tolerated", 6]
+    assert level_table(run_table(rows[rows["seed"] < 3])).set_index("level").loc[1, "verdict"] == "uncertain"
+    assert next_round(configs, rows, max_seeds=10) == next_round([], rows, max_seeds=10) == Round((), ())
 
 
 STUDY = """

@@ -137,7 +137,9 @@ def test_a_round_grows_exactly_the_undecided_levels_by_the_documented_count():
 def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     """Replayed from disk: round 1's runs ended leave stale:1 undecided at six seeds, so round 2 takes it to
     the next look within the cap (6 → 10) and nothing else; round 2's runs ended, no round 3 (at the cap).
-    With a cap of 7 there is no round 2: the next look (10) is past it."""
+    The replay judges every level on the runs on disk, as the reports do: stale:2 and stale:8, decided by
+    round 1's runs, are in no replayed round (their runs are done). With a cap of 7 there is no round 2: the
+    next look (10) is past it."""
     configs, rows = _dataset(PLANNED)
     after_1 = _merged(PLANNED, ROUND_1)
     assert {r for r, v in after_1.items() if _undecided(v)} == {"stale:1"} and _target(after_1["stale:1"]) == CAP
@@ -145,7 +147,8 @@ def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     round_1 = next_round(configs, rows, max_seeds=CAP).runs
     ledger = {task_id(c): {"status": "done"} for c in (*configs, *round_1)}
     everything, found = rounds(configs, rows_1, ledger, max_seeds=CAP)
-    assert len(found) == 2 and found[0].runs == round_1
+    assert [r.levels for r in found] == [((_key("stale:1"), 3, 6),), ((_key("stale:1"), 6, CAP),)]
+    assert set(found[0].runs) == {c for c in round_1 if c.rollout in ("none", "stale:1") and 3 <= c.seed < 6}
     assert found[1].levels == ((_key("stale:1"), 6, CAP),)
     assert set(found[1].runs) == {dataclasses.replace(BASE, rollout=r, seed=s) for s in range(6, CAP)
                                   for r in ("none", "stale:1")}
@@ -157,4 +160,4 @@ def test_the_rounds_go_on_until_every_level_is_decided_or_at_the_cap():
     assert [r.levels for r in found_2] == [r.levels for r in found] and set(final) == set(everything)
     assert _target(after_1["stale:1"], cap=7) is None
     _, found_7 = rounds(configs, rows_1, ledger, max_seeds=7)
-    assert len(found_7) == 1 and found_7[0].runs == round_1
+    assert len(found_7) == 1 and found_7[0].runs == found[0].runs
