@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
+from mismatch.analysis.tolerance import settings_parts, settings_text
 from mismatch.pairs.catalog import PAIRS
 
 HYPOTHESES = {"per token (b = 0)": 0.0, "b = −½": -0.5, "per sequence (b = −1)": -1.0}
@@ -164,7 +165,7 @@ def setting_value(settings: str, name: str) -> str | None:
     """The value of the item `name` in a level's settings text (`mismatch.analysis.tolerance.run_table`):
     `("lr 0.0003, tis_cap off", "tis_cap")` → `"off"`; None where the text has no such item (a setting the
     dataset never varied)."""
-    values = [item.removeprefix(name + " ") for item in settings.split(", ") if item.startswith(name + " ")]
+    values = [item.removeprefix(name + " ") for item in settings_parts(settings) if item.startswith(name + " ")]
     return values[0] if values else None
 
 
@@ -172,8 +173,8 @@ def split_length(settings: str) -> tuple[str, str]:
     """A level's settings text (`mismatch.analysis.tolerance.run_table`) as (the ladder's settings, the response cap):
     `"lr 0.0003, max_new_tokens 16"` → `("lr 0.0003", "16")`; without a cap item, `(settings, "")`; `off` is the
     pair's own cap."""
-    rest = [item for item in settings.split(", ") if not item.startswith(LENGTH_SETTING + " ")]
-    return ", ".join(rest) or "default", setting_value(settings, LENGTH_SETTING) or ""
+    rest = [item for item in settings_parts(settings) if not item.startswith(LENGTH_SETTING + " ")]
+    return settings_text(rest), setting_value(settings, LENGTH_SETTING) or ""
 
 
 def is_rung(settings: pd.Series) -> pd.Series:

@@ -84,12 +84,27 @@ def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -
         cfg = configs.loc[run_id]
         layers = cfg.get("layers")  # a rollout field: runs with other scopes are other levels
         scope = [f"layers {layers}"] if isinstance(layers, str) and layers != "linear" else []
-        return ", ".join([*(f"{f} {short_text(cfg[f])}" for f in varying), *scope]) or "default"
+        return settings_text([*(f"{f} {short_text(cfg[f])}" for f in varying), *scope])
 
     sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
     return table.assign(source=[s for s, _ in sources],
                         level=pd.Series([lv for _, lv in sources], index=table.index, dtype=object),  # no 1 → 1.0
                         settings=[settings(r) for r in table["run_id"]])
+
+
+SETTINGS_SEP = ", "  # between the parts of a level's settings text ("lr 0.0003, tis_cap off")
+
+
+def settings_text(parts) -> str:
+    """A level's settings text from its parts ("lr 0.0003", "tis_cap off"); `default` when there are none.
+    The one writer of the text `run_table` gives each level; `settings_parts` reads it back."""
+    return SETTINGS_SEP.join(parts) or "default"
+
+
+def settings_parts(settings: str) -> list[str]:
+    """The parts of a level's settings text (`settings_text`), in its order: `"lr 0.0003, tis_cap off"` →
+    `["lr 0.0003", "tis_cap off"]`."""
+    return settings.split(SETTINGS_SEP)
 
 
 def short_text(value: object) -> str:
@@ -144,8 +159,8 @@ FINGERPRINT = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "held
 
 def _settings_apart(settings: str, other: str) -> str:
     """The parts of a settings text that differ from `other`'s ("tis_cap 2" against "tis_cap off")."""
-    theirs = set(other.split(", "))
-    return ", ".join(part for part in settings.split(", ") if part not in theirs) or settings
+    theirs = set(settings_parts(other))
+    return SETTINGS_SEP.join(part for part in settings_parts(settings) if part not in theirs) or settings
 
 
 def _clearance(mean: float, half: float, limit: float) -> float:

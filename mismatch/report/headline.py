@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.analysis.tolerance import NOISE_FLOOR_SOURCE, short_text
+from mismatch.analysis.tolerance import NOISE_FLOOR_SOURCE, SETTINGS_SEP, settings_parts, short_text
 from mismatch.report.common import markdown_table
 from mismatch.analysis.sequential import Design
 from mismatch.verdict import Tolerance, Verdict, mean_interval_verdict
@@ -58,7 +58,7 @@ def _shared_text(shared: dict[str, set[str]], levels: pd.DataFrame) -> str:
     """Per pair, its shared settings parts (less the loss), in the order its settings texts first write them."""
     out = []
     for pair, parts in shared.items():
-        seen = dict.fromkeys(p for s in levels.loc[levels["pair"] == pair, "settings"] for p in s.split(", "))
+        seen = dict.fromkeys(p for s in levels.loc[levels["pair"] == pair, "settings"] for p in settings_parts(s))
         out.append(f"{pair}: " + (", ".join(p for p in seen if p in parts and not p.startswith("loss ")) or "none"))
     return "; ".join(out)
 
@@ -67,14 +67,14 @@ def _shared_settings(levels: pd.DataFrame) -> dict[str, set[str]]:
     """Per pair, the settings parts most of its levels share."""
     out = {}
     for pair, group in levels.groupby("pair", sort=False):
-        common = Counter(p for s in group["settings"] for p in set(s.split(", ")))
+        common = Counter(p for s in group["settings"] for p in set(settings_parts(s)))
         out[pair] = {p for p, n in common.items() if n > len(group) / 2}
     return out
 
 
 def _own(settings: str, shared: set[str]) -> str:
     """`settings` less the `shared` parts and the loss (it has its own column); `common` when none is left."""
-    return ", ".join(p for p in settings.split(", ") if p not in shared and not p.startswith("loss ")) or COMMON
+    return SETTINGS_SEP.join(p for p in settings_parts(settings) if p not in shared and not p.startswith("loss ")) or COMMON
 
 
 def _level_name(source: str, level) -> str:

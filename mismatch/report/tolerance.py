@@ -34,7 +34,7 @@ from mismatch.report.common import (LEGEND_FONTSIZE, MAX_LEGEND, caption, family
                                     style_axes, subplots)
 from mismatch.report.probe import block_figure, is_isolation, student_probes
 from mismatch.analysis.tolerance import (CATEGORICAL_SOURCES, LEVEL_SOURCES, NOISE_FLOOR_SOURCE, Analysis, analyse, judge_level,
-                                     noise_floor, tolerance_table, weight_bits)
+                                     noise_floor, settings_parts, settings_text, tolerance_table, weight_bits)
 from mismatch.analysis.sequential import DEFAULT_DESIGN, WORST_SPREAD_RATIO, Design, next_seeds, simulate
 from mismatch.verdict import DEFAULT_TOLERANCE, Tolerance
 
@@ -51,9 +51,9 @@ def _series_labels(part: pd.DataFrame) -> dict[tuple[str, str], str]:
         by_pair.setdefault(pair, []).append(settings)
     labels = {}
     for pair, all_settings in by_pair.items():
-        common = set.intersection(*(set(s.split(", ")) for s in all_settings))
+        common = set.intersection(*(set(settings_parts(s)) for s in all_settings))
         for settings in all_settings:
-            own = ", ".join(x for x in settings.split(", ") if x not in common) or "default"
+            own = settings_text([x for x in settings_parts(settings) if x not in common])
             labels[(pair, settings)] = (pair if len(all_settings) == 1 else
                                         f"{pair}: {own}" if len(by_pair) > 1 else own)
     return labels
@@ -61,7 +61,7 @@ def _series_labels(part: pd.DataFrame) -> dict[tuple[str, str], str]:
 
 def _shared_caption(levels: pd.DataFrame) -> str:
     """The settings every series of the figure shares, said once; each series' own are in tolerance.md."""
-    parts = [set(s.split(", ")) for s in levels["settings"].unique()]
+    parts = [set(settings_parts(s)) for s in levels["settings"].unique()]
     shared = sorted(set.intersection(*parts)) if parts else []
     return ("Settings of every series: " + (", ".join(shared) if shared else "none shared") +
             ". Each series' full settings: tolerance.md.")

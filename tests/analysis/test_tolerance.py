@@ -11,8 +11,8 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.tolerance import write_tolerance_report
-from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, source_level, t_interval, tolerance_table,
-                                       weight_bits)
+from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, settings_parts, settings_text, source_level,
+                                       t_interval, tolerance_table, weight_bits)
 from mismatch.analysis.length import is_rung
 from mismatch.analysis.sequential import DEFAULT_DESIGN
 from mismatch.results import read_results, tidy, write_frame
@@ -187,6 +187,10 @@ def test_a_field_set_on_some_runs_and_unset_on_others_is_a_setting(rows):
     stale1 = levels[(levels["source"] == "stale") & (levels["level"] == 1) & levels["settings"].str.startswith("lr 0.001")]
     assert sorted(stale1["settings"]) == ["lr 0.001, tis_cap 2", "lr 0.001, tis_cap off"]
     assert stale1["seeds"].tolist() == [3, 3]
+    for settings in stale1["settings"]:  # the text's parts are the settings that vary, read back in its order
+        assert settings_parts(settings) == ["lr 0.001", settings.split("lr 0.001, ")[1]]
+        assert settings_text(settings_parts(settings)) == settings
+    assert settings_text([]) == "default" and settings_parts("default") == ["default"]
 
 
 def test_an_engine_is_a_source_of_its_own_ordered_by_bits():
