@@ -117,13 +117,14 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
     try:
         report = _run_plan(study, out, resume=resume, retry_failed=retry_failed, workers=workers,
                            ray_address=ray_address, progress=progress)
-        found: list = []
+        seen: list = []  # every round met, in order: a round whose runs decided its levels is not replayed later
         while decide:
             extended, found = with_rounds(study, out, max_seeds=max_seeds)
+            seen += [r for r in found if r not in seen]
             step = _run_plan(extended, out, resume=True, retry_failed=False, workers=workers,
                              ray_address=ray_address, progress=progress)
             report = dataclasses.replace(report, ran=report.ran + step.ran, failed={**report.failed, **step.failed},
-                                         rounds=tuple(found))
+                                         rounds=tuple(seen))
             if not step.ran:  # nothing left: every level decided, at max_seeds, or its runs failed
                 break
     finally:
