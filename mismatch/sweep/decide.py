@@ -64,7 +64,8 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
     stands; the caller runs a round's runs before asking for the next one.
     """
     ids, known = _ids(configs), set(configs)
-    opd = rows[rows["kind"] == "opd"]
+    pairs = {c.pair for c in configs}  # a level and its A/A level are one pair's: other pairs' runs never count
+    opd = rows[(rows["kind"] == "opd") & rows["pair"].isin(list(pairs))]
     if not opd["run_id"].isin(list(ids)).any():
         return Round((), ())
     analysis = analyse(opd, tolerance, design)
