@@ -9,7 +9,11 @@ gets, is at most `α` (two-sided, 5%) whatever the level's spread against its A/
 boundaries spend less (`Design.spent_alpha`, 2.2%), since the sd a level is judged with borrows the
 A/A level's (below). A level is judged on the seeds of the last look it reached (`Design.judged_seeds`):
 seeds run towards the next look wait for it. The rounds of more seeds (`mismatch.sweep.decide`) go from one
-look to the next; they never choose a seed count from the data.
+look to the next; they never choose a seed count from the data. A level can reach a look past the one its
+interval first cleared a threshold at (runs another study file shares, or a round planned before its A/A
+level gained seeds); judging it there keeps the error bound: a level on its threshold is declared decided at
+whatever look only if its interval clears the threshold at some look, and that chance — over every look up
+to the cap, with the first crossing the stopping time — is what `simulate` measures and the tests bound.
 
 * Boundaries: computed on the z scale by numerical integration of the sequential test statistic's
   density over the continuation region (Armitage, McPherson & Rowe 1969; Jennison & Turnbull 2000,
