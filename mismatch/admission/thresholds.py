@@ -37,7 +37,7 @@ from mismatch.admission.limits import (LAGGED_SOURCES, STATIC_SOURCES, STATISTIC
 from mismatch.admission.transfer import WINDOW, drift_table, first_step_statistics, level_points
 from mismatch.errors import InputError
 from mismatch.files import atomic_write_text
-from mismatch.analysis.length import family, is_rung, length_tables, setting_value
+from mismatch.analysis.length import family, firm_verdicts, is_rung, length_tables, setting_value
 from mismatch.analysis.tolerance import Analysis, analyse
 from mismatch.results import read_results
 from mismatch.version import __version__
@@ -329,7 +329,9 @@ def thresholds_from_rows(rows: pd.DataFrame, *, sources: list[str], tolerance: T
               if f"window:{s}" in every and every[f"window:{s}"].notna().any()}
     window_brackets = {s: bracket(every[f"window:{s}"].to_numpy(), every["tolerated"].to_numpy(), v)
                        for s, v in window.items()}
-    ladders = length_tables(levels, family)[1]
+    # the law a limit is carried to other lengths by rests on the firm verdicts: a marginal one (its interval clears
+    # 1.1 by less than the evaluation's Monte-Carlo error) bounds no exponent here (reports/length_law.md gives both)
+    ladders = length_tables(firm_verdicts(levels), family)[1]
     laws = [(key, law) for key, law in ladders if law.informative]  # an open one: no law
     loss_length = {loss: _envelope([(key, law) for key, law in laws if key[1] == loss])  # key: family, loss, settings
                    for loss in sorted({key[1] for key, _ in laws})}

@@ -190,6 +190,16 @@ def rungs(levels: pd.DataFrame, families) -> pd.DataFrame:
                          max_new_tokens=[c for _, c in split])
 
 
+def firm_verdicts(levels: pd.DataFrame) -> pd.DataFrame:
+    """`levels` with each marginal level's KL verdict (`marginal`: its interval clears its threshold by less than
+    the evaluation's Monte-Carlo error, `mismatch.analysis.tolerance.level_table`) taken as undecided: the verdicts
+    a length law may rest on where it carries a limit to lengths no ladder ran (`mismatch.admission.thresholds`)."""
+    if "marginal" not in levels:
+        return levels
+    marginal = levels["marginal"].fillna(False).astype(bool)
+    return levels.assign(kl_verdict=levels["kl_verdict"].where(~marginal, "uncertain"))
+
+
 def length_tables(levels: pd.DataFrame, families=family) -> tuple[pd.DataFrame, list[tuple[tuple, object]]]:
     """The brackets of every length ladder in `levels` and each ladder's `LengthLaw`: `(table, [(key, law)])`,
     the key being (family, loss, settings without the response cap); `families(pair)` names the models each

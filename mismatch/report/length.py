@@ -9,7 +9,9 @@ the same loss and other settings — and writes, when there are at least two len
     judged on the KL ratio alone (`kl_verdict`: one criterion at every length), with the law's exponent
     interval on each row;
   * `length_law.md` — those brackets, the exponents they allow (and the hypotheses per token, b = −½, per
-    sequence, allowed or excluded), and every other level at each length (formats) with its KL verdict.
+    sequence, allowed or excluded), the same with the marginal verdicts taken as undecided where that changes
+    it (`mismatch.analysis.length.firm_verdicts`: a law resting on intervals that clear 1.1 by less than the
+    evaluation's Monte-Carlo error says so; the admission check scales its limits by that one), and every other level at each length (formats) with its KL verdict.
 `length_law.csv` is where the admission check is to read the law from (issue 34).
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mismatch.analysis.length import family, length_tables, rungs
+from mismatch.analysis.length import family, firm_verdicts, length_tables, rungs
 from mismatch.analysis.tolerance import NOISE_FLOOR_SOURCE
 from mismatch.report.common import markdown_table
 
@@ -28,6 +30,7 @@ from mismatch.report.common import markdown_table
 def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=family) -> list[Path]:
     """Write `length_law.csv` and `length_law.md` when `levels` hold a length ladder; else nothing."""
     table, laws = length_tables(levels, families)
+    firm = dict(length_tables(firm_verdicts(levels), families)[1])
     if table.empty:
         return []
     out_dir = Path(out_dir)
@@ -49,6 +52,10 @@ def write_length_report(levels: pd.DataFrame, out_dir: str | Path, families=fami
             high=part["high"].map(lambda v: "∞" if math.isinf(v) else f"{v:.4g}"),
             low=part["low"].map(lambda v: f"{v:.4g}"))
         lines += [f"## {fam} · {loss} · {settings}", "", markdown_table(shown), "", f"**{law.describe()}**", ""]
+        without = firm.get((fam, loss, settings))
+        if without is not None and (without.b_low, without.b_high) != (law.b_low, law.b_high):
+            lines += ["With the marginal verdicts taken as undecided (an interval that clears 1.1 by less than the "
+                      f"evaluation's Monte-Carlo error: `marginal` in tolerance_levels.csv): {without.describe()}", ""]
         every = rungs(levels, families)
         others = every[every["pair"].isin(part["pair"]) & ~every["source"].isin(["noise", NOISE_FLOOR_SOURCE])
                        & (every["loss"] == loss) & (every["base_settings"] == settings)]

@@ -11,6 +11,7 @@ import pytest
 
 from mismatch.admission.limits import bracket, fit_limit, held_out_predictions
 from mismatch.admission.thresholds import Thresholds, thresholds_from_rows, validate
+from mismatch.analysis.length import length_tables
 from mismatch.analysis.tolerance import analyse
 from mismatch.opd.config import OPDConfig
 from tests.conftest import opd_rows
@@ -240,10 +241,11 @@ def test_a_study_without_a_broken_level_fits_no_limit(study, tmp_path):
     json.loads(t.to_json(tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
 
 
-def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str = "full-rkl", **config) -> list[pd.DataFrame]:
+def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str = "full-rkl",
+                 rkl_se: dict[tuple[int, float], float] | None = None, **config) -> list[pd.DataFrame]:
     """A length ladder on sort-gpt2 under `loss` (and `config`'s other `OPDConfig` fields): at each response cap, a
     clean twin and noise levels of (KL ratio, first-step mismatch_kl), three seeds, every response at its cap
-    (`tokens` = cap × batch)."""
+    (`tokens` = cap × batch); `rkl_se` gives a (cap, σ) level's runs that standard error on their held-out KL."""
     frames = []
     for cap, levels in ratios.items():
         for seed in range(3):
@@ -252,8 +254,17 @@ def _ladder_rows(ratios: dict[int, dict[float, tuple[float, float]]], loss: str 
                 frames.append(opd_rows(dataclasses.replace(cfg, rollout=rollout), {
                     "heldout_rkl": {0: 2.0, 2: ratio * (1 + 0.01 * seed) if rollout != "none" else 1.0},
                     "heldout_expected_accuracy": {2: 0.5}, "mismatch_kl": {1: kl, 2: kl},
-                    "tokens": {1: 4.0 * cap, 2: 4.0 * cap}}))
+                    "tokens": {1: 4.0 * cap, 2: 4.0 * cap},
+                    **_rkl_se(rkl_se or {}, cap, rollout)}))
     return frames
+
+
+def _rkl_se(rkl_se: dict[tuple[int, float], float], cap: int, rollout: str) -> dict:
+    """The held-out KL standard error rows of a run of `_ladder_rows` (the clean twins of a cap with any: 0)."""
+    if rollout == "none":
+        return {"heldout_rkl_se": {2: 0.0}} if any(c == cap for c, _ in rkl_se) else {}
+    se = rkl_se.get((cap, float(rollout.removeprefix("noise:"))))
+    return {} if se is None else {"heldout_rkl_se": {2: se}}
 
 
 def test_a_length_ladder_gives_the_law_not_the_limits_and_an_open_one_no_law(study):
@@ -271,6 +282,24 @@ def test_a_length_ladder_gives_the_law_not_the_limits_and_an_open_one_no_law(stu
     assert t.length_law["b_low"] == pytest.approx(math.log(0.4 / 2.0) / math.log(4))
     assert t.length_law["b_high"] == pytest.approx(math.log(1.5 / 0.5) / math.log(4))
     assert t.length_law["lengths"] == [8.0, 32.0]
+
+
+def test_the_law_a_limit_is_carried_by_rests_on_the_firm_verdicts(study):
+    """A marginal verdict (an interval clearing 1.1 by less than the evaluation's Monte-Carlo error) bounds no
+    exponent of the law the check scales its limits by: the 32-token rung's low end, σ 0.1 tolerated, given a
+    held-out KL standard error far above its clearance, leaves b open below; the report's law (the verdicts as
+    decided) keeps it."""
+    ratios = {8: {0.1: (1.0, 0.5), 0.3: (2.0, 2.0)}, 32: {0.1: (1.0, 0.4), 0.3: (2.0, 1.5)}}
+    rows = pd.concat([study, *_ladder_rows(ratios, rkl_se={(32, 0.1): 0.5})], ignore_index=True)
+    levels = analyse(rows[rows["kind"] == "opd"]).levels
+    marked = levels[(levels["settings"] == "max_new_tokens 32") & (levels["source"] == "noise")]
+    assert marked.set_index("level")["marginal"].to_dict() == {0.1: True, 0.3: False}
+    assert marked.set_index("level")["kl_verdict"][0.1] == "tolerated"
+    t = thresholds_from_rows(rows, sources=["hand-made"])
+    assert math.isnan(t.length_law["b_low"])  # [0, 1.5] at 32 tokens: no power law is bounded below
+    assert t.length_law["b_high"] == pytest.approx(math.log(1.5 / 0.5) / math.log(4))  # [0.5, 2.0] at 8 still
+    as_decided = [law for key, law in length_tables(levels)[1] if key[1] == "full-rkl"]
+    assert as_decided[0].b_low == pytest.approx(math.log(0.4 / 2.0) / math.log(4))
 
 
 def test_each_loss_scales_by_the_law_of_its_own_ladder(study, tmp_path):

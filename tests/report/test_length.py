@@ -96,3 +96,30 @@ def test_the_admission_thresholds_carry_the_law_and_fit_their_limits_off_the_run
     assert {p["settings"] for p in table.points} == {"max_new_tokens off"}
     # the limit sits between the uncapped pair's largest tolerated (0.02) and smallest not tolerated (0.2)
     assert 0.02 <= table.limits["mismatch_kl"] <= 0.2
+
+
+def test_a_law_resting_on_marginal_verdicts_says_what_it_is_without_them(tmp_path):
+    """The report gives the law again with the marginal verdicts taken as undecided where that changes it: here
+    sort-gpt2's noise 0.3 (tolerated, the low end of its bracket) marked marginal leaves 0.1 as the low end."""
+    frames = []
+    for pair, (tokens, ladder) in RUNGS.items():
+        base = OPDConfig(pair=pair, steps=2, batch_size=4)
+        for seed in range(3):
+            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
+            for sigma, (mismatch, ratio) in ladder.items():
+                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
+                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
+    levels = analyse(pd.concat(frames, ignore_index=True)).levels
+    ladder = {"sort-gpt2": "ladder", "reverse-qwen3": "ladder"}.get
+    plain = write_length_report(levels, tmp_path, ladder)[1].read_text()
+    assert "marginal verdicts taken as undecided" not in plain  # none is marginal: nothing to add
+    marked = levels.assign(marginal=(levels["pair"] == "sort-gpt2") & (levels["level"] == 0.3))
+    (tmp_path / "marked").mkdir()
+    written = write_length_report(marked, tmp_path / "marked", ladder)
+    table = pd.read_csv(written[0])
+    span = math.log(130 / 8)
+    assert table["b_high"].iloc[0] == pytest.approx(0.0, abs=1e-9)  # the law itself: the verdicts as decided
+    line = next(l for l in written[1].read_text().splitlines() if "marginal verdicts taken as undecided" in l)
+    # sort-gpt2's bracket [0.02, 0.5) at T = 8 and [0.02, 0.2) at T = 130: b in [log(0.02/0.5), log(0.2/0.02)] / span
+    assert f"[{math.log(0.02 / 0.5) / span:+.2f}, {math.log(0.2 / 0.02) / span:+.2f}]" in line
+    assert "per token (b = 0)" in line.split("excluded")[0]  # allowed without the marginal verdict
