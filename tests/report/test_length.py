@@ -26,7 +26,8 @@ RUNGS = {"sort-gpt2": (8.0, {0.1: (0.02, 1.0), 0.3: (0.2, 1.02), 0.5: (0.5, 1.5)
          "reverse-qwen3": (130.0, {0.1: (0.02, 1.01), 0.3: (0.2, 1.4), 0.5: (0.5, 2.0)})}
 
 
-def test_the_length_report_brackets_each_rung(tmp_path):
+def _rung_rows() -> pd.DataFrame:
+    """The RUNGS ladders, each pair at its own cap: a clean twin and the noise levels, three seeds."""
     frames = []
     for pair, (tokens, ladder) in RUNGS.items():
         base = OPDConfig(pair=pair, steps=2, batch_size=4)
@@ -35,11 +36,17 @@ def test_the_length_report_brackets_each_rung(tmp_path):
             for sigma, (mismatch, ratio) in ladder.items():
                 frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
                                    ratio * (1 + 0.001 * seed), mismatch, tokens))
-    levels = analyse(pd.concat(frames, ignore_index=True)).levels
+    return pd.concat(frames, ignore_index=True)
+
+
+LADDER = {"sort-gpt2": "ladder", "reverse-qwen3": "ladder"}.get  # stand-ins for two rungs of one build
+
+
+def test_the_length_report_brackets_each_rung(tmp_path):
+    levels = analyse(_rung_rows()).levels
     assert family("sort-gpt2") == "sort-gpt2"  # a pair of its own: no ladder with another
     assert write_length_report(levels, tmp_path / "none") == []
-    ladder = {"sort-gpt2": "ladder", "reverse-qwen3": "ladder"}.get  # stand-ins for two rungs of one build
-    written = write_length_report(levels, tmp_path, ladder)
+    written = write_length_report(levels, tmp_path, LADDER)
     assert [p.name for p in written] == ["length_law.csv", "length_law.md"]
     table = pd.read_csv(written[0]).set_index("pair")
     # the brackets are on the first step's mismatch_kl (the check's statistic), not its mean over the steps (¾ of it)
@@ -51,7 +58,7 @@ def test_the_length_report_brackets_each_rung(tmp_path):
     assert table["b_low"].iloc[0] == pytest.approx(math.log(0.02 / 0.5) / span)
     assert table["b_high"].iloc[0] == pytest.approx(0.0, abs=1e-9)
     assert "per sequence (b = −1)" in written[1].read_text()
-    assert write_length_report(levels[levels["pair"] == "sort-gpt2"], tmp_path / "one", ladder) == []  # one length
+    assert write_length_report(levels[levels["pair"] == "sort-gpt2"], tmp_path / "one", LADDER) == []  # one length
 
 
 def _capped_ladder() -> pd.DataFrame:
@@ -101,21 +108,12 @@ def test_the_admission_thresholds_carry_the_law_and_fit_their_limits_off_the_run
 def test_a_law_resting_on_marginal_verdicts_says_what_it_is_without_them(tmp_path):
     """The report gives the law again with the marginal verdicts taken as undecided where that changes it: here
     sort-gpt2's noise 0.3 (tolerated, the low end of its bracket) marked marginal leaves 0.1 as the low end."""
-    frames = []
-    for pair, (tokens, ladder) in RUNGS.items():
-        base = OPDConfig(pair=pair, steps=2, batch_size=4)
-        for seed in range(3):
-            frames.append(_run(dataclasses.replace(base, seed=seed), 1.0, 0.0, tokens))
-            for sigma, (mismatch, ratio) in ladder.items():
-                frames.append(_run(dataclasses.replace(base, seed=seed, rollout=f"noise:{sigma}"),
-                                   ratio * (1 + 0.001 * seed), mismatch, tokens))
-    levels = analyse(pd.concat(frames, ignore_index=True)).levels
-    ladder = {"sort-gpt2": "ladder", "reverse-qwen3": "ladder"}.get
-    plain = write_length_report(levels, tmp_path, ladder)[1].read_text()
+    levels = analyse(_rung_rows()).levels
+    plain = write_length_report(levels, tmp_path, LADDER)[1].read_text()
     assert "marginal verdicts taken as undecided" not in plain  # none is marginal: nothing to add
     marked = levels.assign(marginal=(levels["pair"] == "sort-gpt2") & (levels["level"] == 0.3))
     (tmp_path / "marked").mkdir()
-    written = write_length_report(marked, tmp_path / "marked", ladder)
+    written = write_length_report(marked, tmp_path / "marked", LADDER)
     table = pd.read_csv(written[0])
     span = math.log(130 / 8)
     assert table["b_high"].iloc[0] == pytest.approx(0.0, abs=1e-9)  # the law itself: the verdicts as decided
