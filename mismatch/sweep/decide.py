@@ -7,8 +7,9 @@ the rounds go on until every level is decided or has reached the last look withi
 between two looks stops at the one below it: a look the design has not planned would spend α it
 has not got). A round follows from the results on disk alone (`rounds`): the planned runs' levels are
 judged, the next seeds of each undecided level are chosen, and when those runs are all on disk the
-next round is judged with them — so the rounds are deterministic, resumable and can be shown before
-they run (`mismatch sweep --decide --dry-run`).
+next round is judged with them — per judging group (`judging_group`: a level, its clean twins and its A/A
+level), so that one group's look never waits for another's — and the rounds are deterministic, resumable and
+can be shown before they run (`mismatch sweep --decide --dry-run`).
 
 The seed count of a round never depends on the data beyond "decided or not" (`next_seeds`): with the
 design's α-spending boundaries, a level sitting on a threshold is declared decided at most α = 5% of
@@ -63,12 +64,30 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
     another basis than the one it was reported on). A level whose runs are not all on disk is judged as it
     stands; the caller runs a round's runs before asking for the next one.
     """
+    return _next_round(configs, _Judged(rows, tolerance, design), max_seeds=max_seeds, design=design)
+
+
+class _Judged:
+    """`rows`' OPD runs judged per set of pairs, once: a replay asks for the same pairs' verdicts round after round
+    (the rows do not change during it), and the judging is what costs."""
+
+    def __init__(self, rows: pd.DataFrame, tolerance: Tolerance, design: Design):
+        self.rows, self.tolerance, self.design, self._done = rows, tolerance, design, {}
+
+    def __call__(self, pairs: frozenset[str]):
+        if pairs not in self._done:
+            opd = self.rows[(self.rows["kind"] == "opd") & self.rows["pair"].isin(sorted(pairs))]
+            self._done[pairs] = (set(opd["run_id"]), analyse(opd, self.tolerance, self.design) if len(opd) else None)
+        return self._done[pairs]
+
+
+def _next_round(configs: Sequence[OPDConfig], judged: _Judged, *, max_seeds: int | Callable[[OPDConfig], int],
+                design: Design) -> Round:
     ids, known = _ids(configs), set(configs)
-    pairs = {c.pair for c in configs}  # a level and its A/A level are one pair's: other pairs' runs never count
-    opd = rows[(rows["kind"] == "opd") & rows["pair"].isin(list(pairs))]
-    if not opd["run_id"].isin(list(ids)).any():
+    # a level and its A/A level are one pair's: other pairs' runs never count
+    on_disk, analysis = judged(frozenset(c.pair for c in configs))
+    if not on_disk & set(ids):
         return Round((), ())
-    analysis = analyse(opd, tolerance, design)
     runs, levels = analysis.runs, analysis.levels
     planned: dict[tuple, list[OPDConfig]] = {}  # level → its planned (non-clean) configs, every seed
     key_of = {r["run_id"]: tuple(r[k] for k in LEVEL_KEY) for r in runs.to_dict("records")}
@@ -111,24 +130,39 @@ def next_round(configs: Sequence[OPDConfig], rows: pd.DataFrame, *, max_seeds: i
 def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, dict], *,
            max_seeds: int | Callable[[OPDConfig], int], tolerance: Tolerance = DEFAULT_TOLERANCE,
            design: Design = DEFAULT_DESIGN) -> tuple[tuple[OPDConfig, ...], list[Round]]:
-    """Replay the rounds on disk after the planned `configs`: while every run so far has ended (done or
-    failed in the sweep's `ledger`, `mismatch.sweep.tasks.read_ledger`), the next round is judged on
-    `rows` and taken; the first round with a run still to do is the one to run.
+    """Replay the rounds on disk after the planned `configs`, per judging group (`judging_group`): while every
+    run of a group so far has ended (done or failed in the sweep's `ledger`, `mismatch.sweep.tasks.read_ledger`),
+    its next round is judged on `rows` and taken; its first round with a run still to do is the one to run.
 
     Returns:
-        Every run the study has now — planned, rounds ended, and the round to run — and the rounds
-        found (the last one still to run unless all its runs have ended; no new round: every level
-        is decided or has `max_seeds` planned seeds).
+        Every run the study has now — planned, rounds ended, and the rounds to run — and the rounds
+        found, group by group (each group's last one still to run unless all its runs have ended; no new
+        round: every level is decided or has `max_seeds` planned seeds).
     """
     def ended(batch: Sequence[OPDConfig]) -> bool:
         return all(ledger.get(task_id(c), {}).get("status") in ("done", "failed") for c in batch)
 
+    judged = _Judged(rows, tolerance, design)
     everything = list(configs)
     found: list[Round] = []
-    while ended(everything):
-        step = next_round(everything, rows, max_seeds=max_seeds, tolerance=tolerance, design=design)
-        if not step.runs:
-            break
-        found.append(step)
-        everything += step.runs
+    groups: dict[OPDConfig, list[OPDConfig]] = {}
+    for config in configs:
+        groups.setdefault(judging_group(config), []).append(config)
+    for planned in groups.values():  # each group's rounds on its own runs: one group's look waits for no other's
+        while ended(planned):
+            step = _next_round(planned, judged, max_seeds=max_seeds, design=design)
+            if not step.runs:
+                break
+            found.append(step)
+            planned += step.runs
+            everything += step.runs
     return tuple(everything), found
+
+
+def judging_group(config: OPDConfig) -> OPDConfig:
+    """The runs a level is judged on — its own, its clean twins', its A/A level's — share this key (the clean run
+    at seed 0: the pair and every setting but the rollout), and no other run changes its verdict. So the rounds
+    are replayed per group: a group's next look is planned as soon as its own runs have ended, whatever another
+    group's (a cheap rung's look does not wait behind an expensive one's), and every group reaches the seeds
+    it would reach with rounds taken across the whole study at once."""
+    return dataclasses.replace(config.clean(), seed=0)

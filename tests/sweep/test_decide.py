@@ -102,15 +102,16 @@ def _run(config: OPDConfig, acc: float, kl: float = 1.0) -> pd.DataFrame:
 DELTAS = {"fp8-e4m3": [0.1, -0.2, 0.0], "stale:1": [-0.5, -1.8, -1.0], "stale:4": [-8.0, -7.8, -8.2]}
 
 
-def _rows(deltas: dict[str, list[float]], seeds=range(3)) -> tuple[list[OPDConfig], pd.DataFrame]:
+def _rows(deltas: dict[str, list[float]], seeds=range(3), base: OPDConfig = BASE) -> tuple[list[OPDConfig],
+                                                                                            pd.DataFrame]:
     configs, frames = [], []
     for seed in seeds:
-        clean = dataclasses.replace(BASE, seed=seed)
+        clean = dataclasses.replace(base, seed=seed)
         configs.append(clean)
         frames.append(_run(clean, 0.40))
         for rollout, per_seed in deltas.items():
             if seed < len(per_seed):
-                run = dataclasses.replace(BASE, rollout=rollout, seed=seed)
+                run = dataclasses.replace(base, rollout=rollout, seed=seed)
                 configs.append(run)
                 frames.append(_run(run, 0.40 + per_seed[seed] / 100))
     return configs, pd.concat(frames, ignore_index=True)
@@ -149,6 +150,27 @@ def test_rounds_replay_from_disk_and_stop_when_every_level_is_decided():
     failed = {**ledger, **{task_id(c): {"status": "failed"} for c in found[0].runs}}  # a failed round ends them
     again, found3 = rounds(configs, rows, failed, max_seeds=10)
     assert len(found3) == 1 and set(again) == set(everything)  # neither retried nor replaced: no round 2
+
+
+def test_each_judging_group_takes_its_next_look_when_its_own_runs_have_ended():
+    """Two groups (the same levels at two learning rates, so two settings): with one run of the second group
+    still running, the first group's next round is planned at once, the second's waits; once both have ended,
+    the two groups' rounds are the round planned across the whole study at once, run for run."""
+    first, rows_first = _rows(DELTAS)
+    other = {rollout: [d - 0.1 for d in per_seed] for rollout, per_seed in DELTAS.items()}  # other values, same verdicts
+    second, rows_second = _rows(other, base=dataclasses.replace(BASE, lr=3e-3))
+    configs, rows = first + second, pd.concat([rows_first, rows_second], ignore_index=True)
+    whole = next_round(configs, rows, max_seeds=10)  # stale:1 is undecided in both groups: seeds 3–5 with twins
+    assert {(c.lr, c.rollout, c.seed) for c in whole.runs} == {(lr, r, s) for lr in (BASE.lr, 3e-3)
+                                                              for r in ("none", "stale:1") for s in (3, 4, 5)}
+    running = {task_id(c): {"status": "done"} for c in configs[:-1]}  # the second group's last run still going
+    everything, found = rounds(configs, rows, running, max_seeds=10)
+    assert len(found) == 1 and {c.lr for c in found[0].runs} == {BASE.lr}
+    assert set(everything) == set(configs) | set(found[0].runs)
+    ended = {task_id(c): {"status": "done"} for c in configs}
+    everything, found = rounds(configs, rows, ended, max_seeds=10)
+    assert len(found) == 2 and {c for r in found for c in r.runs} == set(whole.runs)
+    assert sorted(x for r in found for x in r.levels) == sorted(whole.levels)
 
 
 def test_a_level_is_planned_on_every_run_the_reports_judge_it_on():
