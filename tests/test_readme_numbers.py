@@ -197,9 +197,9 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
 
 PAIR_NAMES = re.compile(r"sort-gpt2|reverse-qwen3|smollm2-concise|smollm2-pruned|synthetic pairs")
 LOSS_NAMES = re.compile(r"pg-rkl-is|pg-rkl|full-rkl|full-fkl")
-LENGTHS = re.compile(r"(?<![\w.])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at )(8|32|128)\b")  # "[0, 3.4] at 32"
+LENGTHS = re.compile(r"(?<![\w.~])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at )(8|32|128)\b")  # "[0, 3.4] at 32"
 SEEDS_SAID = re.compile(r"(?:(?<=\()|(?<=at )|(?<=, )|(?<=; ))(\d+) seeds?\b"  # "(6 seeds", "at 10 seeds"
-                        r"|(?<!\] )(?<!runs )\bat (\d+)(?![\w:–-]|\.\d| tokens?| nats| steps?| to | or )")  # "undecided at 16"
+                        r"|(?<!\] )(?<!runs )\bat (\d+)(?![\w:–-]|\.\d|(?:,? (?:and |or )?\d+)*[- ]tokens?| nats| steps?| to | or )")  # "undecided at 16"
 HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until")
 SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n")
 FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\d|bnb-nf4|fp8)(?![\w:-])")
@@ -230,10 +230,15 @@ def _seed_claims(text: str) -> list[dict]:
         for m in SEEDS_SAID.finditer(item):
             at = m.start()
             start = max((e.end() for e in SENTENCE_END.finditer(item, 0, at)), default=0)
+            end = next((e.start() for e in SENTENCE_END.finditer(item, m.end())), len(item))
             said = list(VERDICT.finditer(_parentheses_blanked(item[:at]), start))
-            if not said or item[max(0, at - 6):at] == "up to " or HISTORY.search(item, start, at) \
+            # the verdict before the claim; else the one its clause goes on to ("int4:channel (16 seeds) and
+            # int4:group128 (10 seeds) are tolerated"), the levels it names then up to that verdict
+            verdict = said[-1] if said else VERDICT.search(_parentheses_blanked(item[:end]), m.end())
+            if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(item, start, at) \
                     or re.match(r"(?: seeds?)? on 20\d\d-\d\d-\d\d", item[m.end():]):
                 continue  # no verdict, a bound ("up to 16 seeds") or history
+            upto = at if said else verdict.start()
             pairs = list(PAIR_NAMES.finditer(item, 0, at))
             pair = pairs[-1] if pairs else None
             since_pair = pair.end() if pair else 0
@@ -251,14 +256,14 @@ def _seed_claims(text: str) -> list[dict]:
                     or [x[0] for x in losses if first_pair is None or x.start() < first_pair.start()][:1])
             lengths = [a or b for a, b in LENGTHS.findall(item, since_pair, at)]
             # the levels it names: since the last other verdict word before it (one in parentheses too)
-            others = [v for v in VERDICT.finditer(item, start, at) if v.start() != said[-1].start()]
+            others = [v for v in VERDICT.finditer(item, start, at) if v.start() != verdict.start()]
             since = others[-1].end() if others else start
-            named = set(FORMAT_NAMES.findall(item, since, at))
-            named |= {f"{a}:{b}" for a, b in LEVEL_NAMES.findall(item, since, at)}
-            named |= {f"noise:{float(x):g}" for xs in NOISE_NAMES.findall(item, since, at)
+            named = set(FORMAT_NAMES.findall(item, since, upto))
+            named |= {f"{a}:{b}" for a, b in LEVEL_NAMES.findall(item, since, upto)}
+            named |= {f"noise:{float(x):g}" for xs in NOISE_NAMES.findall(item, since, upto)
                       for x in re.findall(r"\d\.\d+", xs)}
-            named |= {f"stale:{x}" for xs in LAG_NAMES.findall(item, since, at) for x in re.findall(r"\d+", xs)}
-            out.append({"claim": item[start:m.end()], "verdict": SAID.get(said[-1][0], said[-1][0]),
+            named |= {f"stale:{x}" for xs in LAG_NAMES.findall(item, since, upto) for x in re.findall(r"\d+", xs)}
+            out.append({"claim": item[start:max(m.end(), upto)], "verdict": SAID.get(verdict[0], verdict[0]),
                         "seeds": int(m[1] or m[2]), "pair": pair[0] if pair else None,
                         "loss": loss[0] if loss else None, "length": lengths[-1] if lengths else None,
                         "levels": named})
