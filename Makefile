@@ -105,7 +105,8 @@ reproduce-study: $(STAMP)
 # on 2 cores, and pg-rkl-is, ~6 more by the estimates),
 # then the rest of the real-weight study (sweeps/study-extended.toml: formats, noise, staleness and reuse on both
 # SmolLM2 pairs against reproduce-study's twins and the ladder's 32-token rung, pg-rkl-is there, with and without
-# TIS, with the second looks; ~15 hours: 24.5 task-hours measured for 138 of its 168 tasks), in parts with --resume.
+# TIS, with the second looks and one third look; ~15 hours: 24.5 task-hours measured for 138 of its 176 tasks), in parts
+# with --resume.
 reproduce-study-extended: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/mismatch sweep sweeps/length.toml --out $(RESULTS)/paper --workers 2 --resume && \

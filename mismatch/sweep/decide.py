@@ -30,7 +30,7 @@ import pandas as pd
 
 from mismatch.opd.config import OPDConfig
 from mismatch.opd.runs import run_columns
-from mismatch.analysis.tolerance import analyse
+from mismatch.analysis.tolerance import NOT_SETTINGS, analyse
 from mismatch.results import run_id
 from mismatch.analysis.sequential import DEFAULT_DESIGN, Design, next_seeds
 from mismatch.sweep.tasks import task_id  # the ledger's keys
@@ -160,9 +160,14 @@ def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, d
 
 
 def judging_group(config: OPDConfig) -> OPDConfig:
-    """The runs a level is judged on — its own, its clean twins', its A/A level's — share this key (the clean run
-    at seed 0: the pair and every setting but the rollout), and no other run changes its verdict. So the rounds
-    are replayed per group: a group's next look is planned as soon as its own runs have ended, whatever another
-    group's (a cheap rung's look does not wait behind an expensive one's), and every group reaches the seeds
-    it would reach with rounds taken across the whole study at once."""
-    return dataclasses.replace(config.clean(), seed=0)
+    """The runs a level is judged on — its own, its clean twins', its A/A level's — share this key: the clean run
+    at seed 0 with the fields a level's settings leave out (`NOT_SETTINGS`: how often it evaluates, chunk sizes)
+    at their defaults, so the pair and every setting but the rollout. No run outside the group moves its levels'
+    verdicts, so the rounds are replayed per group: a group's next look is planned as soon as its own runs have
+    ended, whatever another group's (a cheap rung's look does not wait behind an expensive one's), and every group
+    reaches the seeds it would reach with rounds taken across the whole study at once. (Identical levels of two
+    groups, `same_as`, are reported once, under the first; the seeds planned are the same either way.)"""
+    return dataclasses.replace(config.clean(), seed=0, **_UNJUDGED)
+
+
+_UNJUDGED = {f.name: f.default for f in dataclasses.fields(OPDConfig) if f.name in NOT_SETTINGS - {"pair", "seed"}}

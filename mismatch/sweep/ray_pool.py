@@ -37,7 +37,7 @@ def _init(workers: int | None, address: str | None, threads: int) -> bool:
 
 def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = None, address: str | None = None,
                threads: int = 1, progress: Progress | None = None,
-               execute_fn: Execute = execute) -> list[dict]:
+               execute_fn: Execute = execute, refill: Callable[[], Sequence[Task]] | None = None) -> list[dict]:
     """Run `tasks` as Ray tasks, at most `workers` at a time, and return their ledger records in order.
 
     Args:
@@ -47,22 +47,38 @@ def run_on_ray(tasks: Sequence[Task], out: str | Path, *, workers: int | None = 
             (shut down at the end; one already started in this process is used as it is).
         threads: torch threads (and Ray CPUs) per task: the study's (`Study.threads`).
         execute_fn: what a worker runs for a task (`runner.execute`).
+        refill: asked for more tasks whenever one ends with none left waiting (a worker would go idle): what
+            it returns runs after them, its records appended to the ones returned, in the order given.
     """
     import ray
 
     out = Path(out)
     started = _init(workers, address, threads)
     remote = ray.remote(execute_fn).options(num_cpus=threads, max_retries=1, retry_exceptions=False)
+    tasks = list(tasks)
     records: list[dict | None] = [None] * len(tasks)
     queue, in_flight = list(range(len(tasks))), {}
-    limit = workers if workers is not None else len(tasks)
+    limit = workers if workers is not None else float("inf")  # a cluster schedules every task submitted
+
+    def take_more() -> None:
+        for task in refill():
+            tasks.append(task)
+            records.append(None)
+            queue.append(len(tasks) - 1)
+
     try:
-        while queue or in_flight:
+        while True:
+            if refill is not None and not queue and len(in_flight) < limit:  # a worker is idle
+                take_more()
             while queue and len(in_flight) < limit:
                 index = queue.pop(0)
                 in_flight[remote.remote(tasks[index], out, threads)] = index
                 if progress is not None:
                     progress(len(tasks) - len(queue) - len(in_flight), len(tasks), task_label(tasks[index]), "running")
+                if refill is not None and not queue and len(in_flight) < limit:  # a worker would go idle
+                    take_more()
+            if not in_flight:
+                break
             (ref,), _ = ray.wait(list(in_flight), num_returns=1)
             index = in_flight.pop(ref)
             try:

@@ -10,6 +10,7 @@ count (`Study.threads`), whatever the execution.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from mismatch.rollout.spec import require_engines
 from mismatch.results import FILE_SUFFIXES
 from mismatch.sweep.estimate import longest_first
 from mismatch.sweep.study import Study
-from mismatch.sweep.tasks import LEDGER, Progress, execute, pending_tasks, task_id, task_label
+from mismatch.sweep.tasks import LEDGER, Progress, Task, execute, pending_tasks, task_id, task_label
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,9 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
               workers: int | None = None, ray_address: str | None = None,
               progress: Progress | None = None, decide: bool = False, max_seeds: int = 10) -> SweepReport:
     """Run every task of `study.plan` (probe groups first, then OPD runs) into the dataset `out`;
-    on Ray, in the order of `estimate.longest_first` instead. With `decide`, then the rounds of
-    adaptive seeds (`mismatch.sweep.decide`) until every level is decided or has `max_seeds` seeds.
+    on Ray, in the order of `estimate.longest_first` instead. With `decide`, also the rounds of
+    adaptive seeds (`mismatch.sweep.decide`) until every level is decided or has `max_seeds` seeds: a
+    judging group's next look is planned whenever a worker would go idle and the group's runs have ended.
 
     Args:
         resume: skip tasks the ledger records as done (and, unless `retry_failed`, as failed).
@@ -114,19 +116,20 @@ def run_study(study: Study, out: str | Path, *, resume: bool = False, retry_fail
     check_writable(out, "results", folder=True)
     require_engines([*(p for t in study.plan.probes for p in t.perturb), *(t.rollout for t in study.plan.opd)])
     lock = sweep_lock(out)
+    seen: list = []  # every round met, in order: a round whose runs decided its levels is not replayed later
+
+    def next_looks() -> list[Task]:
+        """The runs of every judging group's next look that its ended runs call for (`with_rounds`): asked when a
+        worker would go idle, so a group's look starts when its own runs have ended, not every group's."""
+        extended, found = with_rounds(study, out, max_seeds=max_seeds)
+        seen.extend(r for r in found if r not in seen)
+        return [*extended.plan.probes, *extended.plan.opd]
+
     try:
+        # with `decide`, until no group has a look left: every level decided, at max_seeds, or its runs failed
         report = _run_plan(study, out, resume=resume, retry_failed=retry_failed, workers=workers,
-                           ray_address=ray_address, progress=progress)
-        seen: list = []  # every round met, in order: a round whose runs decided its levels is not replayed later
-        while decide:
-            extended, found = with_rounds(study, out, max_seeds=max_seeds)
-            seen += [r for r in found if r not in seen]
-            step = _run_plan(extended, out, resume=True, retry_failed=False, workers=workers,
-                             ray_address=ray_address, progress=progress)
-            report = dataclasses.replace(report, ran=report.ran + step.ran, failed={**report.failed, **step.failed},
-                                         rounds=tuple(seen))
-            if not step.ran:  # nothing left: every level decided, at max_seeds, or its runs failed
-                break
+                           ray_address=ray_address, progress=progress, more=next_looks if decide else None)
+        report = dataclasses.replace(report, rounds=tuple(seen))
     finally:
         lock.release()
     return report
@@ -159,20 +162,42 @@ def _check_seed_caps(study: Study, max_seeds: int) -> None:
 
 
 def _run_plan(study: Study, out: Path, *, resume: bool, retry_failed: bool, workers: int | None,
-              ray_address: str | None, progress: Progress | None) -> SweepReport:
+              ray_address: str | None, progress: Progress | None,
+              more: Callable[[], list[Task]] | None = None) -> SweepReport:
+    """Run what `study.plan` has still to run; with `more`, also the tasks it returns whenever a worker would go
+    idle (tasks already handed out are left out), until it returns none new."""
     threads = study.threads
     todo, skipped = pending_tasks((*study.plan.probes, *study.plan.opd), out, resume=resume,
                                   retry_failed=retry_failed, threads=threads)
-    if workers is not None or ray_address is not None:
+    on_ray = workers is not None or ray_address is not None
+    handed = {task_id(t) for t in todo} | set(skipped)
+
+    def in_run_order(tasks: list[Task]) -> list[Task]:
+        return [tasks[i] for i in longest_first(tasks, out=out)] if on_ray else tasks  # the pool's makespan
+
+    def refill() -> list[Task]:
+        pending, _ = pending_tasks(more(), out, resume=True, retry_failed=False, threads=threads)  # not done
+        new = in_run_order([t for t in pending if task_id(t) not in handed])  # nor running here
+        handed.update(task_id(t) for t in new)
+        todo.extend(new)
+        return new
+
+    if on_ray:
         from mismatch.sweep.ray_pool import run_on_ray  # Ray loads only when asked for
 
-        order = longest_first(todo, out=out)  # the pool's makespan: long tasks first
-        ran = run_on_ray([todo[i] for i in order], out, workers=workers, address=ray_address, threads=threads,
-                         progress=progress)
-        records = [record for _, record in sorted(zip(order, ran))]
+        first = in_run_order(list(todo))
+        ran = run_on_ray(first, out, workers=workers, address=ray_address, threads=threads, progress=progress,
+                         refill=refill if more is not None else None)
+        by_id = {task_id(t): r for t, r in zip(first + todo[len(first):], ran)}  # refilled ones: in run order
+        records = [by_id[task_id(t)] for t in todo]  # the plan's order, then what was added
     else:
-        records = []
-        for index, task in enumerate(todo):
+        records, index = [], 0
+        while True:
+            if index == len(todo) and more is not None:
+                refill()
+            if index == len(todo):
+                break
+            task = todo[index]
             if progress is not None:
                 progress(index, len(todo), task_label(task), "running")  # `index` tasks have ended
             records.append(execute(task, out, threads))
@@ -182,6 +207,7 @@ def _run_plan(study: Study, out: Path, *, resume: bool, retry_failed: bool, work
                 raise DiskFullError(f"{records[-1]['error'].split(': ', 1)[-1]} (task {task_label(task)}); "
                                     f"{index} of {len(todo)} tasks finished, their rows kept: free space, then "
                                     "rerun with --resume")
+            index += 1
     ids = [task_id(t) for t in todo]
     failed = {tid: r["error"] for tid, r in zip(ids, records) if r["status"] == "failed"}
     return SweepReport(tuple(ids), tuple(t for t, s in skipped.items() if s == "done"), failed,

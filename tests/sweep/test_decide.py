@@ -10,13 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch.cli.app import app
+from mismatch.cli.tables import rounds_table
 from mismatch.opd import OPDConfig
 from mismatch.opd.runs import run_columns
 from mismatch.analysis.tolerance import judge_level, level_table, run_table
 from mismatch.results import read_results
 from mismatch.sweep import load_study, read_ledger, run_study, task_id
 from mismatch.analysis.sequential import DEFAULT_DESIGN, WORST_SPREAD_RATIO, Design, next_seeds, simulate
-from mismatch.sweep.decide import Round, next_round, rounds
+from mismatch.sweep.decide import Round, judging_group, next_round, rounds
 from mismatch.verdict import DEFAULT_TOLERANCE
 from tests.conftest import opd_rows
 
@@ -171,6 +172,12 @@ def test_each_judging_group_takes_its_next_look_when_its_own_runs_have_ended():
     everything, found = rounds(configs, rows, ended, max_seeds=10)
     assert len(found) == 2 and {c for r in found for c in r.runs} == set(whole.runs)
     assert sorted(x for r in found for x in r.levels) == sorted(whole.levels)
+    assert rounds_table(found).columns[0]._cells == ["1", "1"]  # each group's first round, not rounds 1 and 2
+    # a level's twins and A/A level are in its group; a field the level's settings leave out splits no group
+    noisy = dataclasses.replace(BASE, rollout="noise:0.1", layers="all", seed=4)
+    assert judging_group(noisy) == judging_group(BASE) == judging_group(dataclasses.replace(BASE, rollout="resample:1"))
+    assert judging_group(dataclasses.replace(noisy, eval_every=20, chunk_tokens=64)) == judging_group(BASE)
+    assert judging_group(dataclasses.replace(BASE, lr=3e-3)) != judging_group(BASE)
 
 
 def test_a_level_is_planned_on_every_run_the_reports_judge_it_on():

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from mismatch.results import ROW_KEY, ResultsWriter
-from mismatch.sweep import execute, read_ledger, run_study, task_id
+from mismatch.sweep import execute, read_ledger, run_study, task_id, task_label
 from mismatch.sweep.ray_pool import run_on_ray
 
 from .test_runner import _numbers, _study
@@ -70,3 +70,29 @@ def test_a_worker_killed_mid_run_is_retried_once_without_duplicate_rows(tmp_path
     serial_opd = serial_opd[serial_opd["kind"] == "opd"].reset_index(drop=True)
     pd.testing.assert_frame_equal(_numbers(tmp_path / "ray"), serial_opd)
     assert set(read_ledger(tmp_path / "ray")) == {task_id(t) for t in tasks}
+
+
+@pytest.mark.slow
+def test_refill_is_asked_when_a_worker_would_go_idle_and_what_it_returns_runs(tmp_path, local_ray, serial):
+    """`refill` (how `--decide` hands out a judging group's next look): asked before the first task when nothing is
+    waiting, then whenever a task ends with none waiting; what it returns runs, its records after the others'."""
+    study, _, _ = serial
+    tasks = list(study.plan.opd)
+    first, later = tasks[:1], tasks[1:3]
+    asked = []
+
+    def refill():
+        asked.append(len(asked))
+        return later if len(asked) == 1 else []
+
+    def record(task, out, threads):
+        return {"status": "done", "task": task_label(task)}
+
+    records = run_on_ray(first, tmp_path / "ray", workers=2, threads=1, execute_fn=record, refill=refill)
+    assert [r["task"] for r in records] == [task_label(t) for t in first + later]
+    # asked once the first task is out and the second worker idle (the two later tasks); not while the second
+    # of them waits; then with nothing waiting after each of the last two ends (nothing more)
+    assert len(asked) == 3
+    asked.clear()
+    nothing_first = run_on_ray([], tmp_path / "ray2", workers=2, threads=1, execute_fn=record, refill=refill)
+    assert [r["task"] for r in nothing_first] == [task_label(t) for t in later]  # asked before any task ran
