@@ -200,12 +200,13 @@ LOSS_NAMES = re.compile(r"pg-rkl-is|pg-rkl|full-rkl|full-fkl")
 LENGTHS = re.compile(r"(?<![\w.~])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at )(8|32|128)\b")  # "[0, 3.4] at 32"
 SEEDS_SAID = re.compile(r"(?:(?<=\()|(?<=at )|(?<=, )|(?<=; ))(\d+) seeds?\b"  # "(6 seeds", "at 10 seeds"
                         r"|(?<!\] )(?<!runs )\bat (\d+)(?![\w:–-]|\.\d|(?:,? (?:and |or )?\d+)*[- ]tokens?| nats| steps?| to | or )")  # "undecided at 16"
-HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until")
+HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until|design that spent the whole")  # verdicts of the past
 SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n")
 FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\d|bnb-nf4|fp8)(?![\w:-])")
 LEVEL_NAMES = re.compile(r"\b(stale|reuse):(\d+)")
 NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:,| and| or| to) \d\.\d+)*)")
 LAG_NAMES = re.compile(r"\blags? of (\d+(?:(?:,| and| or) \d+)*)")
+TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS")  # the first: either
 CLAIM_PAGES = INTERVAL_PAGES
 
 
@@ -216,6 +217,16 @@ def _parentheses_blanked(text: str) -> str:
         if blanked == text:
             return text
         text = blanked
+
+
+def _clause_ends(item: str, at: int) -> list[re.Match]:
+    """The clause boundaries of `item` (`SENTENCE_END`) that bound a claim at `at`: those inside a parenthesis the
+    claim is not in ("(3–10 seeds; four of them marginal)") do not."""
+    def depth(pos: int) -> int:
+        return item.count("(", 0, pos) - item.count(")", 0, pos)
+
+    inside = depth(at)
+    return [e for e in SENTENCE_END.finditer(item) if depth(e.start()) <= inside]
 
 
 def _items(text: str) -> list[str]:
@@ -229,13 +240,14 @@ def _seed_claims(text: str) -> list[dict]:
     for item in _items(text):
         for m in SEEDS_SAID.finditer(item):
             at = m.start()
-            start = max((e.end() for e in SENTENCE_END.finditer(item, 0, at)), default=0)
-            end = next((e.start() for e in SENTENCE_END.finditer(item, m.end())), len(item))
+            ends = _clause_ends(item, at)
+            start = max((e.end() for e in ends if e.end() <= at), default=0)
+            end = next((e.start() for e in ends if e.start() >= m.end()), len(item))
             said = list(VERDICT.finditer(_parentheses_blanked(item[:at]), start))
             # the verdict before the claim; else the one its clause goes on to ("int4:channel (16 seeds) and
             # int4:group128 (10 seeds) are tolerated"), the levels it names then up to that verdict
             verdict = said[-1] if said else VERDICT.search(_parentheses_blanked(item[:end]), m.end())
-            if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(item, start, at) \
+            if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(item, start, end) \
                     or re.match(r"(?: seeds?)? on 20\d\d-\d\d-\d\d", item[m.end():]):
                 continue  # no verdict, a bound ("up to 16 seeds") or history
             upto = at if said else verdict.start()
@@ -250,10 +262,12 @@ def _seed_claims(text: str) -> list[dict]:
 
             losses = list(LOSS_NAMES.finditer(item))
             first_pair = PAIR_NAMES.search(item)
+            opening = next((e.start() for e in SENTENCE.finditer(item)), len(item))  # the item's first sentence
             loss = ([x[0] for x in losses if max(s0, since_pair) <= x.start() < at
                      and (x.start() >= start or not contrast(x))][-1:]
                     or [x[0] for x in losses if at <= x.start() < s1 and not contrast(x)][:1]
-                    or [x[0] for x in losses if first_pair is None or x.start() < first_pair.start()][:1])
+                    or [x[0] for x in losses if (first_pair is None or x.start() < first_pair.start()
+                                                 or x.start() < opening) and not contrast(x)][:1])
             lengths = [a or b for a, b in LENGTHS.findall(item, since_pair, at)]
             # the levels it names: since the last other verdict word before it (one in parentheses too)
             others = [v for v in VERDICT.finditer(item, start, at) if v.start() != verdict.start()]
@@ -263,10 +277,12 @@ def _seed_claims(text: str) -> list[dict]:
             named |= {f"noise:{float(x):g}" for xs in NOISE_NAMES.findall(item, since, upto)
                       for x in re.findall(r"\d\.\d+", xs)}
             named |= {f"stale:{x}" for xs in LAG_NAMES.findall(item, since, upto) for x in re.findall(r"\d+", xs)}
+            said_tis = list(TIS_SAID.finditer(item, start, at)) or list(TIS_SAID.finditer(item, at, end))[:1]
+            tis = {"with TIS": "2", "without TIS": "off"}.get(said_tis[-1][0]) if said_tis else None
             out.append({"claim": item[start:max(m.end(), upto)], "verdict": SAID.get(verdict[0], verdict[0]),
                         "seeds": int(m[1] or m[2]), "pair": pair[0] if pair else None,
                         "loss": loss[0] if loss else None, "length": lengths[-1] if lengths else None,
-                        "levels": named})
+                        "levels": named, "tis": tis})
     return out
 
 
@@ -281,13 +297,14 @@ def _levels_judged():
     levels = pd.read_csv(REPORTS / "tolerance_levels.csv")
     levels["said"] = levels.verdict.map(lambda v: WORDS.get(v, v))
     levels["tokens"] = levels.settings.str.extract(r"max_new_tokens (\w+)")[0]
+    levels["tis"] = levels.settings.str.extract(r"tis_cap (\w+)")[0]
     levels["name"] = [level if source == "format" else f"noise:{float(level):g}" if source == "noise"
                       else f"{source}:{level}" for source, level in zip(levels.source, levels.level)]
     validation = json.loads((ROOT / "experiments" / "validation" / "validation.json").read_text(encoding="utf-8"))
     cases = pd.DataFrame([{"pair": validation["pair"], "loss": validation["loss"], "said": case["study"],
-                           "seeds": case["seeds"], "tokens": "off", "name": f"held-out {case['rollout']}"}
+                           "seeds": case["seeds"], "tokens": "off", "tis": "off", "name": f"held-out {case['rollout']}"}
                           for case in validation["cases"]])
-    return pd.concat([levels[["pair", "loss", "said", "seeds", "tokens", "name"]], cases], ignore_index=True)
+    return pd.concat([levels[["pair", "loss", "said", "seeds", "tokens", "tis", "name"]], cases], ignore_index=True)
 
 
 def _named(name: str, token: str) -> bool:
@@ -307,6 +324,8 @@ def _unsupported(claims: list[dict], levels) -> list[str]:
             rows = rows[rows.loss == claim["loss"]]
         if claim["length"]:
             rows = rows[rows.tokens == claim["length"]]
+        if claim["tis"]:
+            rows = rows[rows.tis == claim["tis"]]
         if claim["levels"]:
             rows = rows[[any(_named(name, t) for t in claim["levels"]) for name in rows.name]]
         if rows.empty:
