@@ -195,7 +195,8 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
 # some level of the reports in that scope must have that verdict at that many seeds. A claim told as history ("was
 # tolerated at 3 seeds on 2026-12-05", "the one lost") is not one about the reports and is skipped.
 
-PAIR_NAMES = re.compile(r"sort-gpt2|reverse-qwen3|smollm2-concise|smollm2-pruned|synthetic pairs")
+PAIR_NAMES = re.compile(r"sort-gpt2|reverse-qwen3|smollm2-concise|smollm2-pruned|synthetic pairs|real pairs")
+GROUPS = {"synthetic pairs": ["sort-gpt2", "reverse-qwen3"], "real pairs": ["smollm2-concise", "smollm2-pruned"]}
 LOSS_NAMES = re.compile(r"pg-rkl-is|pg-rkl|full-rkl|full-fkl")
 LENGTHS = re.compile(r"(?<![\w.~])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at )(8|32|128)\b")  # "[0, 3.4] at 32"
 SEEDS_SAID = re.compile(r"(?:(?<=\()|(?<=at )|(?<=, )|(?<=; ))(\d+) seeds?\b"  # "(6 seeds", "at 10 seeds"
@@ -316,8 +317,8 @@ def _unsupported(claims: list[dict], levels) -> list[str]:
     wrong = []
     for claim in claims:
         rows = levels[(levels.said == claim["verdict"]) & (levels.seeds == claim["seeds"])]
-        if claim["pair"] == "synthetic pairs":
-            rows = rows[rows.pair.isin(["sort-gpt2", "reverse-qwen3"])]
+        if claim["pair"] in GROUPS:
+            rows = rows[rows.pair.isin(GROUPS[claim["pair"]])]
         elif claim["pair"]:
             rows = rows[rows.pair == claim["pair"]]
         if claim["loss"]:
@@ -378,3 +379,18 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     [claim] = _seed_claims("On sort-gpt2 under pg-rkl-is int4:group128 is not tolerated, where full-rkl tolerates "
                            "int8 (16 seeds).")
     assert (claim["loss"], claim["levels"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/study.md", "docs/admission.md"])
+def test_the_count_of_decided_levels_quoted_is_the_headlines(page):
+    """"97 of the 168 levels are decided", "71 of the 168 levels are undecided": an integer count of the study's
+    levels (the headline's total) is the headline's count (`reports/headline.md`), not an earlier look's."""
+    headline = (REPORTS / "headline.md").read_text(encoding="utf-8")
+    decided, total = map(int, re.search(r"\*\*(\d+) of the (\d+) levels are decided\*\*", headline).groups())
+    counts = {"decided": decided, "undecided": total - decided}
+    text = re.sub(r"\s+", " ", (ROOT / page).read_text(encoding="utf-8"))
+    quoted = [(int(n), word) for n, m, word in re.findall(r"(\d+) of the (\d+) levels are (decided|undecided)", text)
+              if int(m) == total]
+    assert quoted or page != "README.md", "the premise: the README quotes the count"
+    wrong = [f"{n} {word} (the headline: {counts[word]})" for n, word in quoted if n != counts[word]]
+    assert not wrong, f"{page}: " + "; ".join(wrong)
