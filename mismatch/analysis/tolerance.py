@@ -157,6 +157,12 @@ FINGERPRINT = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "held
                "response_tokens"]
 
 
+def _training_settings(settings: str) -> str:
+    """A level's settings without its rollout scope ("layers …"): the run's training settings, which its A/A level
+    shares — twins whose rollouts differ only in where the copy is applied train under the same noise."""
+    return settings_text([part for part in settings_parts(settings) if not part.startswith("layers ")])
+
+
 def _settings_apart(settings: str, other: str) -> str:
     """The parts of a settings text that differ from `other`'s ("tis_cap 2" against "tis_cap off")."""
     theirs = set(settings_parts(other))
@@ -214,7 +220,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
         seeds_run = len(group)
         if not is_aa:  # a look partly run waits for its look; the A/A level keeps all its seeds
             group = group.iloc[:design.judged_seeds(seeds_run)]
-        ref = None if is_aa else references.get((pair, settings))
+        ref = None if is_aa else references.get((pair, _training_settings(settings)))
         metrics = set(runs_of["accuracy_metric"].dropna())
         row = {"pair": pair, "source": source, "settings": settings, "level": level, "loss": loss}
         row.update(judge_level(group["acc_delta"], group["kl_ratio"],

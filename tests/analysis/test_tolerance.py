@@ -11,8 +11,8 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.tolerance import write_tolerance_report
-from mismatch.analysis.tolerance import (level_table, noise_floor, run_table, settings_parts, settings_text, source_level,
-                                       t_interval, tolerance_table, weight_bits)
+from mismatch.analysis.tolerance import (judge_level, level_table, noise_floor, run_table, settings_parts, settings_text,
+                                       source_level, t_interval, tolerance_table, weight_bits)
 from mismatch.analysis.length import is_rung
 from mismatch.analysis.sequential import DEFAULT_DESIGN
 from mismatch.results import read_results, tidy, write_frame
@@ -248,6 +248,29 @@ def test_the_kl_ratio_alone_decides_when_accuracy_keeps_up():
 def test_t_interval_switches_to_the_normal_beyond_30_degrees_of_freedom():
     assert t_interval(list(range(31)))[1] == pytest.approx(2.042 * statistics.stdev(range(31)) / math.sqrt(31))  # df 30
     assert t_interval(list(range(32)))[1] == pytest.approx(1.96 * statistics.stdev(range(32)) / math.sqrt(32))
+
+
+def test_a_level_on_part_of_the_model_is_judged_against_the_same_aa_level():
+    """A copy applied to some layers only (`layers attn`, its own level) trains under the same settings as the
+    whole-model levels, so the pair's A/A level lends it its spread as it lends theirs: judged as `judge_level`
+    judges its seeds against the A/A level's, not on its own 2 degrees of freedom."""
+    aa = [0.004, -0.006, 0.002, 0.0, -0.003, 0.005]  # the A/A twins' Δ accuracy; their KL ratios 1 ± 0.01
+    scoped = [(0.39, 1.01), (0.395, 0.99), (0.392, 1.0)]  # (accuracy, KL ratio) of int8 on attention only
+    frames = []
+    for seed in range(6):
+        frames.append(_run(dataclasses.replace(BASE, seed=seed), 0.40, 1.0))
+        frames.append(_run(dataclasses.replace(BASE, seed=seed, rollout="resample:1"), 0.40 + aa[seed],
+                           1.0 + 0.01 * (seed % 3 - 1), 0.0))
+    for seed, (acc, kl) in enumerate(scoped):
+        frames.append(_run(dataclasses.replace(BASE, seed=seed, rollout="int8:channel", layers="attn"), acc, kl))
+    levels = level_table(run_table(pd.concat(frames, ignore_index=True))).set_index("source")
+    got = levels.loc["format"]
+    assert got["settings"] == "layers attn"
+    want = judge_level(pd.Series([a - 0.40 for a, _ in scoped]), pd.Series([k for _, k in scoped]),
+                       pd.Series(aa), pd.Series([1.0 + 0.01 * (s % 3 - 1) for s in range(6)]))
+    assert got["kl_ratio_basis"] == want["kl_ratio_basis"] != "own"
+    assert (got["kl_ratio_hw"], got["acc_delta_hw"], got["verdict"]) == pytest.approx(
+        (want["kl_ratio_hw"], want["acc_delta_hw"], want["verdict"]))
 
 
 def test_the_noise_floor_is_the_clean_spread_and_the_aa_level():
