@@ -130,31 +130,34 @@ def _matches(quoted: str, value: float) -> bool:
     return abs(value - float(_normal(quoted))) <= 0.5 * 10 ** -decimals * (1 + 1e-9) + 1e-12
 
 
-def _intervals() -> list[tuple[float, float, str]]:
-    """(estimate, half-width, verdict) of every interval the reports hold: each level's KL ratio, its Δ accuracy in
-    points and as a fraction, its learning-speed ratio; each A/A level's (verdict "A/A"); the held-out
-    validation cases' (`experiments/validation/validation.json`, the study's verdict on them)."""
+def _intervals() -> list[tuple[float, float, str, bool]]:
+    """(estimate, half-width, verdict, marginal) of every interval the reports hold: each level's KL ratio, its Δ
+    accuracy in points and as a fraction (the verdict's intervals: `marginal` as the report marks the level), its
+    learning-speed ratio; each A/A level's (verdict "A/A"); the held-out validation cases'
+    (`experiments/validation/validation.json`, the study's verdict on them)."""
     import json
 
     import pandas as pd
 
-    out: list[tuple[float, float, str]] = []
+    out: list[tuple[float, float, str, bool]] = []
     levels = pd.read_csv(REPORTS / "tolerance_levels.csv")
     for row in levels.itertuples():
         verdict = "A/A" if row.source == "A/A" else WORDS.get(row.verdict, row.verdict)
-        for value, hw in [(row.kl_ratio, row.kl_ratio_hw), (100 * row.acc_delta, 100 * row.acc_delta_hw),
-                          (row.acc_delta, row.acc_delta_hw), (row.kl_auc_ratio, row.kl_auc_ratio_hw)]:
+        marginal = bool(row.marginal) and verdict in ("tolerated", "not tolerated")
+        for value, hw, judged in [(row.kl_ratio, row.kl_ratio_hw, True), (100 * row.acc_delta, 100 * row.acc_delta_hw, True),
+                                  (row.acc_delta, row.acc_delta_hw, True), (row.kl_auc_ratio, row.kl_auc_ratio_hw, False)]:
             if pd.notna(value) and pd.notna(hw):
-                out.append((float(value), float(hw), verdict))
+                out.append((float(value), float(hw), verdict, marginal and judged))
     floor = pd.read_csv(REPORTS / "noise_floor.csv")
     for row in floor.itertuples():
         for value, hw in [(row.aa_kl_ratio, row.aa_kl_ratio_hw), (row.aa_acc_delta, row.aa_acc_delta_hw)]:
             if pd.notna(value) and pd.notna(hw):
-                out.append((float(value), float(hw), "A/A"))
+                out.append((float(value), float(hw), "A/A", False))
     validation = json.loads((ROOT / "experiments" / "validation" / "validation.json").read_text(encoding="utf-8"))
     for case in validation["cases"]:
         verdict = WORDS.get(case["study"], case["study"])
-        out += [(case["kl_ratio"], case["kl_ratio_hw"], verdict), (case["acc_delta"], case["acc_delta_hw"], verdict)]
+        out += [(case["kl_ratio"], case["kl_ratio_hw"], verdict, False),
+                (case["acc_delta"], case["acc_delta_hw"], verdict, False)]
     return out
 
 
@@ -170,21 +173,29 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
     """Each "estimate ± half-width" the page quotes is one interval of the reports (both numbers of the same level,
     not each somewhere), and the verdict its sentence gives it last before the numbers ("tolerated", "not
     tolerated", "undecided") is that level's — so a claim written under an earlier design, or beside the wrong
-    level, fails here. An A/A level's interval carries no verdict."""
+    level, fails here. An A/A level's interval carries no verdict. A level the reports mark `marginal` (its interval
+    clears a threshold by less than the evaluation's Monte-Carlo error) is said to be so in the same sentence."""
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text
-    text = re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00")).replace("\x00", "\n\n")  # wrapped lines joined
+    text = re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x01")).replace(
+        "\x00", "\n\n").replace("\x01", "\n- ")  # wrapped lines joined, paragraphs and items kept apart
     known = _intervals()
     quoted = list(PLUS_MINUS.finditer(text))
     assert quoted, "the premise: the page quotes intervals"
     wrong = []
     for m in quoted:
-        rows = [verdict for value, hw, verdict in known if _matches(m[1], value) and _matches(m[2], hw)]
+        found = [(verdict, marginal) for value, hw, verdict, marginal in known
+                 if _matches(m[1], value) and _matches(m[2], hw)]
+        rows = [verdict for verdict, _ in found]
         said = _verdict_before(text, m.start())
+        s0 = max((e.end() for e in SENTENCE.finditer(text, 0, m.start())), default=0)
+        s1 = next((e.start() for e in SENTENCE.finditer(text, m.end())), len(text))
         if not rows:
             wrong.append(f"{m[0]}: no interval of the reports")
         elif said is not None and "A/A" not in rows and said not in rows:
             wrong.append(f"{m[0]}: said {said!r}, the reports' level is {' / '.join(sorted(set(rows)))}")
+        elif all(marginal for _, marginal in found) and "marginal" not in text[s0:s1]:
+            wrong.append(f"{m[0]}: a marginal verdict, not said to be")
     assert not wrong, f"{page}: " + "; ".join(wrong)
 
 
@@ -202,7 +213,7 @@ LENGTHS = re.compile(r"(?<![\w.~])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at
 SEEDS_SAID = re.compile(r"(?:(?<=\()|(?<=at )|(?<=, )|(?<=; ))(\d+) seeds?\b"  # "(6 seeds", "at 10 seeds"
                         r"|(?<!\] )(?<!runs )\bat (\d+)(?![\w:–-]|\.\d|(?:,? (?:and |or )?\d+)*[- ]tokens?| nats| steps?| to | or )")  # "undecided at 16"
 HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until|design that spent the whole")  # verdicts of the past
-SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n")
+SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n|\n- ")
 FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\d|bnb-nf4|fp8)(?![\w:-])")
 LEVEL_NAMES = re.compile(r"\b(stale|reuse):(\d+)")
 NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:,| and| or| to) \d\.\d+)*)")
