@@ -144,8 +144,9 @@ def _intervals() -> list[tuple[float, float, str, bool]]:
     for row in levels.itertuples():
         verdict = "A/A" if row.source == "A/A" else WORDS.get(row.verdict, row.verdict)
         marginal = bool(row.marginal) and verdict in ("tolerated", "not tolerated")
-        for value, hw, judged in [(row.kl_ratio, row.kl_ratio_hw, True), (100 * row.acc_delta, 100 * row.acc_delta_hw, True),
-                                  (row.acc_delta, row.acc_delta_hw, True), (row.kl_auc_ratio, row.kl_auc_ratio_hw, False)]:
+        for value, hw, judged in [(row.kl_ratio, row.kl_ratio_hw, True), (row.acc_delta, row.acc_delta_hw, True),
+                                  (100 * row.acc_delta, 100 * row.acc_delta_hw, True),
+                                  (row.kl_auc_ratio, row.kl_auc_ratio_hw, False)]:
             if pd.notna(value) and pd.notna(hw):
                 out.append((float(value), float(hw), verdict, marginal and judged))
     floor = pd.read_csv(REPORTS / "noise_floor.csv")
@@ -211,7 +212,8 @@ GROUPS = {"synthetic pairs": ["sort-gpt2", "reverse-qwen3"], "real pairs": ["smo
 LOSS_NAMES = re.compile(r"pg-rkl-is|pg-rkl|full-rkl|full-fkl")
 LENGTHS = re.compile(r"(?<![\w.~])(8|32|128)(?:[- ]tokens?\b|-token\b)|(?<=\] at )(8|32|128)\b")  # "[0, 3.4] at 32"
 SEEDS_SAID = re.compile(r"(?:(?<=\()|(?<=at )|(?<=, )|(?<=; ))(\d+) seeds?\b"  # "(6 seeds", "at 10 seeds"
-                        r"|(?<!\] )(?<!runs )\bat (\d+)(?![\w:–-]|\.\d|(?:,? (?:and |or )?\d+)*[- ]tokens?| nats| steps?| to | or )")  # "undecided at 16"
+                        r"|(?<!\] )(?<!runs )\bat (\d+)"  # "undecided at 16", not "at 8 and 32 tokens" nor "at 0.1"
+                        r"(?![\w:–-]|\.\d|(?:,? (?:and |or )?\d+)*[- ]tokens?| nats| steps?| to | or )")
 HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until|design that spent the whole")  # verdicts of the past
 SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n|\n- ")
 FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\d|bnb-nf4|fp8)(?![\w:-])")
@@ -342,7 +344,8 @@ def _unsupported(claims: list[dict], levels) -> list[str]:
             rows = rows[[any(_named(name, t) for t in claim["levels"]) for name in rows.name]]
         if rows.empty:
             scope = " ".join(str(claim[k]) for k in ("pair", "loss", "length") if claim[k])
-            wrong.append(f"“…{claim['claim'][-70:]}”: no level ({scope}; {', '.join(sorted(claim['levels'])) or 'any'})"
+            named = ", ".join(sorted(claim["levels"])) or "any"
+            wrong.append(f"“…{claim['claim'][-70:]}”: no level ({scope}; {named})"
                          f" is {claim['verdict']} at {claim['seeds']} seeds")
     return wrong
 

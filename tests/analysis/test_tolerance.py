@@ -11,8 +11,8 @@ import pytest
 
 from mismatch.opd.config import OPDConfig
 from mismatch.report.tolerance import write_tolerance_report
-from mismatch.analysis.tolerance import (judge_level, level_table, noise_floor, run_table, settings_parts, settings_text,
-                                       source_level, t_interval, tolerance_table, weight_bits)
+from mismatch.analysis.tolerance import (judge_level, level_table, noise_floor, run_table, settings_parts,
+                                       settings_text, source_level, t_interval, tolerance_table, weight_bits)
 from mismatch.analysis.length import is_rung
 from mismatch.analysis.sequential import DEFAULT_DESIGN
 from mismatch.results import read_results, tidy, write_frame

@@ -158,7 +158,7 @@ def test_each_judging_group_takes_its_next_look_when_its_own_runs_have_ended():
     still running, the first group's next round is planned at once, the second's waits; once both have ended,
     the two groups' rounds are the round planned across the whole study at once, run for run."""
     first, rows_first = _rows(DELTAS)
-    other = {rollout: [d - 0.1 for d in per_seed] for rollout, per_seed in DELTAS.items()}  # other values, same verdicts
+    other = {rollout: [d - 0.1 for d in per_seed] for rollout, per_seed in DELTAS.items()}  # same verdicts
     second, rows_second = _rows(other, base=dataclasses.replace(BASE, lr=3e-3))
     configs, rows = first + second, pd.concat([rows_first, rows_second], ignore_index=True)
     whole = next_round(configs, rows, max_seeds=10)  # stale:1 is undecided in both groups: seeds 3–5 with twins
