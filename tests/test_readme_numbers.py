@@ -178,8 +178,7 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
     clears a threshold by less than the evaluation's Monte-Carlo error) is said to be so in the same sentence."""
     text = (ROOT / page).read_text(encoding="utf-8")
     text = _section(text, heading) if heading else text
-    text = re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x01")).replace(
-        "\x00", "\n\n").replace("\x01", "\n- ")  # wrapped lines joined, paragraphs and items kept apart
+    text = "\n\n".join(_items(text))  # wrapped lines joined, paragraphs and items kept apart
     known = _intervals()
     quoted = list(PLUS_MINUS.finditer(text))
     assert quoted, "the premise: the page quotes intervals"
