@@ -74,22 +74,26 @@ def weight_bits(spec: str) -> float:
 
 
 def run_table(rows: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE) -> pd.DataFrame:
-    """`verdict_table` of every OPD run plus its source, level and settings (the varying fields)."""
+    """`verdict_table` of every OPD run plus its source, level, settings (the varying fields, and the rollout's
+    scope "layers …" where it is not the default) and `training` (the settings without that scope: what the run
+    trains under, which a scoped level shares with its pair's A/A level — the level's reference)."""
     table = verdict_table(rows, tolerance=tolerance)
     configs = pd.DataFrame([cfg for cfg, _ in opd_runs(rows)]).set_index("run_id")
     fields = [f for f in COMPARISON_FIELDS if f in configs.columns and f not in NOT_SETTINGS]
     varying = [f for f in fields if configs[f].map(short_text).nunique() > 1]  # None and NaN alike: "off"
 
-    def settings(run_id: str) -> str:
+    def settings(run_id: str) -> tuple[str, str]:
         cfg = configs.loc[run_id]
+        training = [f"{f} {short_text(cfg[f])}" for f in varying]
         layers = cfg.get("layers")  # a rollout field: runs with other scopes are other levels
         scope = [f"layers {layers}"] if isinstance(layers, str) and layers != "linear" else []
-        return settings_text([*(f"{f} {short_text(cfg[f])}" for f in varying), *scope])
+        return settings_text([*training, *scope]), settings_text(training)
 
     sources = [source_level(str(configs.loc[r, "rollout"]), int(configs.loc[r, "staleness"])) for r in table["run_id"]]
+    texts = [settings(r) for r in table["run_id"]]
     return table.assign(source=[s for s, _ in sources],
                         level=pd.Series([lv for _, lv in sources], index=table.index, dtype=object),  # no 1 → 1.0
-                        settings=[settings(r) for r in table["run_id"]])
+                        settings=[s for s, _ in texts], training=[t for _, t in texts])
 
 
 SETTINGS_SEP = ", "  # between the parts of a level's settings text ("lr 0.0003, tis_cap off")
@@ -157,12 +161,6 @@ FINGERPRINT = ["acc_delta", "kl_ratio", "mismatch_kl", "copy_kl_fwd_mean", "held
                "response_tokens"]
 
 
-def _training_settings(settings: str) -> str:
-    """A level's settings without its rollout scope ("layers …"): the run's training settings, which its A/A level
-    shares — twins whose rollouts differ only in where the copy is applied train under the same noise."""
-    return settings_text([part for part in settings_parts(settings) if not part.startswith("layers ")])
-
-
 def _settings_apart(settings: str, other: str) -> str:
     """The parts of a settings text that differ from `other`'s ("tis_cap 2" against "tis_cap off")."""
     theirs = set(settings_parts(other))
@@ -202,7 +200,10 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
         # one value per seed: two runs of one seed (a spec spelt two ways) are one observation, not two
         groups.append((pair, source, settings, runs_of,
                        runs_of.groupby("seed", sort=True, dropna=False)[[c for c in columns if c in runs_of]].mean()))
-    references = {(pair, settings): group for pair, source, settings, _, group in groups if source == NOISE_FLOOR_SOURCE}
+    # each level's reference: its pair's A/A level under the same training settings (`run_table`'s `training`), which
+    # a level scoped to part of the model shares — its rollouts differ only in where the copy is applied
+    references = {(pair, runs_of["training"].iloc[0]): group for pair, source, settings, runs_of, group in groups
+                  if source == NOISE_FLOOR_SOURCE and settings == runs_of["training"].iloc[0]}
     out, seen = [], {}
     for pair, source, settings, runs_of, group in groups:
         level = runs_of["level"].iloc[0]
@@ -220,7 +221,7 @@ def level_table(runs: pd.DataFrame, *, tolerance: Tolerance = DEFAULT_TOLERANCE,
         seeds_run = len(group)
         if not is_aa:  # a look partly run waits for its look; the A/A level keeps all its seeds
             group = group.iloc[:design.judged_seeds(seeds_run)]
-        ref = None if is_aa else references.get((pair, _training_settings(settings)))
+        ref = None if is_aa else references.get((pair, runs_of["training"].iloc[0]))
         metrics = set(runs_of["accuracy_metric"].dropna())
         row = {"pair": pair, "source": source, "settings": settings, "level": level, "loss": loss}
         row.update(judge_level(group["acc_delta"], group["kl_ratio"],

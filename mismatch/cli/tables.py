@@ -166,14 +166,11 @@ def measured_line(done: int, planned: int, seconds: float, workers: int | None =
 
 def rounds_table(rounds) -> Table:
     """Adaptive rounds (`mismatch.sweep.decide.Round`): per round, each level that got seeds and how many. Rounds
-    are taken per judging group (`mismatch.sweep.decide.judging_group`): a round's number is its group's."""
-    from mismatch.sweep.decide import judging_group
-
+    are taken per judging group (`Round.group`): a round's number is its group's."""
     table = Table("round", "pair", "source", "settings", "level", "seeds", title="adaptive seeds")
     taken: dict = {}
     for found in rounds:
-        group = judging_group(found.runs[0]) if found.runs else None
-        taken[group] = index = taken.get(group, 0) + 1
+        taken[found.group] = index = taken.get(found.group, 0) + 1
         for (pair, source, settings, level), before, after in found.levels:
             table.add_row(str(index), escape(str(pair)), escape(str(source)), escape(str(settings)), escape(str(level)),
                           f"{before} → {after}")

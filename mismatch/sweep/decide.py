@@ -42,10 +42,12 @@ LEVEL_KEY = ("pair", "source", "settings", "level")
 @dataclass(frozen=True)
 class Round:
     """One round of adaptive seeds: the runs it adds (each new seed with its clean twin) and, per level
-    that got seeds, `(level key, seeds before, seeds after)`."""
+    that got seeds, `(level key, seeds before, seeds after)`; `group`: the judging group it was taken for
+    (`judging_group`; None for a round taken across every run given, `next_round`)."""
 
     runs: tuple[OPDConfig, ...]
     levels: tuple[tuple[tuple, int, int], ...]
+    group: OPDConfig | None = None
 
 
 def _ids(configs: Sequence[OPDConfig]) -> dict[str, OPDConfig]:
@@ -148,12 +150,12 @@ def rounds(configs: Sequence[OPDConfig], rows: pd.DataFrame, ledger: dict[str, d
     groups: dict[OPDConfig, list[OPDConfig]] = {}
     for config in configs:
         groups.setdefault(judging_group(config), []).append(config)
-    for planned in groups.values():  # each group's rounds on its own runs: one group's look waits for no other's
+    for group, planned in groups.items():  # each group's rounds on its own runs: one group's look waits for no other's
         while ended(planned):
             step = _next_round(planned, judged, max_seeds=max_seeds, design=design)
             if not step.runs:
                 break
-            found.append(step)
+            found.append(dataclasses.replace(step, group=group))
             planned += step.runs
             everything += step.runs
     return tuple(everything), found

@@ -172,6 +172,7 @@ def test_each_judging_group_takes_its_next_look_when_its_own_runs_have_ended():
     everything, found = rounds(configs, rows, ended, max_seeds=10)
     assert len(found) == 2 and {c for r in found for c in r.runs} == set(whole.runs)
     assert sorted(x for r in found for x in r.levels) == sorted(whole.levels)
+    assert [r.group for r in found] == [judging_group(r.runs[0]) for r in found] and found[0].group != found[1].group
     assert rounds_table(found).columns[0]._cells == ["1", "1"]  # each group's first round, not rounds 1 and 2
     # a level's twins and A/A level are in its group; a field the level's settings leave out splits no group
     noisy = dataclasses.replace(BASE, rollout="noise:0.1", layers="all", seed=4)
