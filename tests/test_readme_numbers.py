@@ -285,18 +285,38 @@ def _seed_claims(text: str) -> list[dict]:
             # the levels it names: since the last other verdict word before it (one in parentheses too)
             others = [v for v in VERDICT.finditer(item, start, at) if v.start() != verdict.start()]
             since = others[-1].end() if others else start
-            named = set(FORMAT_NAMES.findall(item, since, upto))
-            named |= {f"{a}:{b}" for a, b in LEVEL_NAMES.findall(item, since, upto)}
-            named |= {f"noise:{float(x):g}" for xs in NOISE_NAMES.findall(item, since, upto)
-                      for x in re.findall(r"\d\.\d+", xs)}
-            named |= {f"stale:{x}" for xs in LAG_NAMES.findall(item, since, upto) for x in re.findall(r"\d+", xs)}
+            found = _names(item, since, upto)
+            # the levels the seed count is said of: the one named last before it ("int4:channel (16 seeds) and
+            # int4:group128 (10 seeds) are tolerated"), else the last in its clause; or, for a list of levels with
+            # their intervals in order in the parenthesis after it ("A and B are not tolerated (1.2 ± 0.08 and
+            # 1.24 ± 0.13 at 6 seeds, and 1.20 ± 0.08 at 3)"), each level whose interval the count follows
+            nearest = max(((p, n) for p, n in found if p < at), default=max(found, default=(0, None)))[1]
+            each = {nearest} if nearest else set()
+            opened = item.rfind("(", 0, at)
+            if opened > item.rfind(")", 0, at) and opened >= 0:
+                closed = item.find(")", at)
+                values = [v.end() for v in PLUS_MINUS.finditer(item, opened, closed if closed >= 0 else len(item))]
+                listed = [n for p, n in _names(item, start, opened) if p >= since]
+                if len(values) > 1 and len(listed) == len(values):
+                    after = max((c.start() for c in SEEDS_SAID.finditer(item, opened, at)), default=opened)
+                    each = {n for n, v in zip(listed, values) if after < v <= at}
             said_tis = list(TIS_SAID.finditer(item, start, at)) or list(TIS_SAID.finditer(item, at, end))[:1]
             tis = {"with TIS": "2", "without TIS": "off"}.get(said_tis[-1][0]) if said_tis else None
             out.append({"claim": item[start:max(m.end(), upto)], "verdict": SAID.get(verdict[0], verdict[0]),
                         "seeds": int(m[1] or m[2]), "pair": pair[0] if pair else None,
                         "loss": loss[0] if loss else None, "length": lengths[-1] if lengths else None,
-                        "levels": named, "tis": tis})
+                        "levels": {n for _, n in found}, "each": each, "tis": tis})
     return out
+
+
+def _names(item: str, lo: int, hi: int) -> list[tuple[int, str]]:
+    """The levels `item[lo:hi]` names, each with where its name is (a list "noise 0.25 and 0.4": each value's)."""
+    found = [(m.start(), m[1]) for m in FORMAT_NAMES.finditer(item, lo, hi)]
+    found += [(m.start(), f"{m[1]}:{m[2]}") for m in LEVEL_NAMES.finditer(item, lo, hi)]
+    for pattern, name in ((NOISE_NAMES, lambda x: f"noise:{float(x):g}"), (LAG_NAMES, lambda x: f"stale:{x}")):
+        for m in pattern.finditer(item, lo, hi):
+            found += [(m.start(1) + v.start(), name(v[0])) for v in re.finditer(r"\d\.\d+|\d+", m[1])]
+    return sorted(found)
 
 
 def _levels_judged():
@@ -339,11 +359,10 @@ def _unsupported(claims: list[dict], levels) -> list[str]:
             rows = rows[rows.tokens == claim["length"]]
         if claim["tis"]:
             rows = rows[rows.tis == claim["tis"]]
-        if claim["levels"]:
-            rows = rows[[any(_named(name, t) for t in claim["levels"]) for name in rows.name]]
-        if rows.empty:
+        missing = sorted(t for t in claim["each"] if not any(_named(name, t) for name in rows.name))
+        if rows.empty or missing:
             scope = " ".join(str(claim[k]) for k in ("pair", "loss", "length") if claim[k])
-            named = ", ".join(sorted(claim["levels"])) or "any"
+            named = ", ".join(missing) or "any"
             wrong.append(f"“…{claim['claim'][-70:]}”: no level ({scope}; {named})"
                          f" is {claim['verdict']} at {claim['seeds']} seeds")
     return wrong
@@ -367,6 +386,9 @@ def test_every_verdict_quoted_with_its_seeds_is_a_levels(page, heading):
     ("nor int3 on reverse-qwen3 (6 seeds", "nor int3 on reverse-qwen3 (10 seeds", "(10 seeds"),  # another look's
     ("is tolerated on smollm2-pruned at 6", "is tolerated on smollm2-concise at 6", "tolerated on smollm2-concise"),
     ("the 128-token rung is undecided at 3", "the 8-token rung is undecided at 3", "8-token rung"),  # another rung's
+    # two levels' seed counts swapped: each count is the level's named last before it, not either level's
+    ("int4:channel (16 seeds) and int4:group128 on every linear (the head too, 10 seeds)",
+     "int4:channel (10 seeds) and int4:group128 on every linear (the head too, 16 seeds)", "int4:channel (10 seeds"),
 ])
 def test_a_verdict_claim_out_of_its_scope_fails(right, wrong, key):
     """The check above fails a claim that some level has, but not in the scope its sentence gives it: the README's
@@ -389,6 +411,13 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
                            "full-rkl the same rung tolerates it; noise 0.06 is undecided at 6.")
     assert (claim["pair"], claim["loss"], claim["length"], claim["levels"], claim["verdict"], claim["seeds"]) == (
         "smollm2-pruned", "pg-rkl-is", "32", {"noise:0.06"}, "undecided", 6)
+    first, second = _seed_claims("On smollm2-pruned int4:group128 and noise 0.25 and 0.4 are not tolerated (KL ratio "
+                                 "1.200 ± 0.0807 and 1.238 ± 0.132 at 6 seeds, the second marginally, and 1.199 ± "
+                                 "0.0773 at 3).")  # a list of levels with their intervals in order
+    assert (first["each"], first["seeds"]) == ({"int4:group128", "noise:0.25"}, 6)
+    assert (second["each"], second["seeds"]) == ({"noise:0.4"}, 3)
+    [claim] = _seed_claims("On sort-gpt2 int4:channel (16 seeds) and int4:group128 are tolerated.")
+    assert claim["each"] == {"int4:channel"}
     [claim] = _seed_claims("On sort-gpt2 under pg-rkl-is int4:group128 is not tolerated, where full-rkl tolerates "
                            "int8 (16 seeds).")
     assert (claim["loss"], claim["levels"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
