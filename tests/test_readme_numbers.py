@@ -118,8 +118,9 @@ def test_every_number_quoted_is_in_the_reports(page, heading):
 PLUS_MINUS = re.compile(r"(?<![\w.])([−+-]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?![\w.]*\d)")
 VERDICT = re.compile(r"not[- ]tolerated|do(?:es)? not tolerate|tolerated|tolerates?|undecided")
 SAID = {"not-tolerated": "not tolerated", "does not tolerate": "not tolerated", "do not tolerate": "not tolerated",
-        "tolerates": "tolerated", "tolerate": "tolerated"}  # the verb's forms → the verdict
-SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(])|;\s|\n\s*\n|\n- )")  # a new sentence, clause, paragraph or item
+        "tolerates": "tolerated", "tolerate": "tolerated", "is not": "not tolerated"}  # the verb's forms → the verdict
+SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(])|(?<=\.\))\s+(?=[A-Z*`])|;\s|\n\s*\n|\n- )")  # a new sentence,
+# clause, paragraph or item (a sentence that ends in a parenthesis too: "… digit.) The study …")
 WORDS = {"uncertain": "undecided"}  # the reports' verdict column → the word the pages use
 INTERVAL_PAGES = [("README.md", "What OPD tolerated"), ("docs/study.md", None), ("docs/admission.md", None)]
 
@@ -202,8 +203,8 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
 # --- a verdict quoted with its seeds is one level's --------------------------------------------------------------
 # "int3 is not tolerated (6 seeds)", "undecided at 16": integers, which the checks above do not see. Each such claim
 # is read with the scope its page gives it — the pair named last before it, the loss of its sentence (or of the item
-# it opens), a response length named since that pair, the levels it names since the verdict before its own — and
-# some level of the reports in that scope must have that verdict at that many seeds. A claim told as history ("was
+# it opens), a response length named since that pair, the levels it is said of (`_levels_said`) — and each of those
+# levels (some level, where it names none the parser can read) must have that verdict at that many seeds there. A claim told as history ("was
 # tolerated at 3 seeds on 2026-12-05", "the one lost") is not one about the reports and is skipped.
 
 PAIR_NAMES = re.compile(r"sort-gpt2|reverse-qwen3|smollm2-concise|smollm2-pruned|synthetic pairs|real pairs")
@@ -217,8 +218,9 @@ HISTORY = re.compile(r" was | were | had |earlier|\blost\b|until|design that spe
 SENTENCE = re.compile(r"\.\s+(?=[A-Z*`(])|\n\s*\n|\n- ")
 FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\d|bnb-nf4|fp8)(?![\w:-])")
 LEVEL_NAMES = re.compile(r"\b(stale|reuse):(\d+)")
-NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:,| and| or| to) \d\.\d+)*)")
+NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:(?:,| and| or| to) |–)\d\.\d+)*)")  # a range: its ends
 LAG_NAMES = re.compile(r"\blags? of (\d+(?:(?:,| and| or) \d+)*)")
+CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\bis not(?=[,;)]| \()")  # "a lag of 4 is not, and int3 is not (…)"
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS")  # the first: either
 CLAIM_PAGES = INTERVAL_PAGES
 
@@ -232,19 +234,82 @@ def _parentheses_blanked(text: str) -> str:
         text = blanked
 
 
+def _parentheses(item: str) -> list[tuple[int, int]]:
+    """Each parenthesis of `item` as (where it opens, where it closes; the item's end for one left open)."""
+    spans, stack = [], []
+    for i, ch in enumerate(item):
+        if ch == "(":
+            stack.append(i)
+        elif ch == ")" and stack:
+            spans.append((stack.pop(), i))
+    return spans + [(o, len(item)) for o in stack]
+
+
+def _aside_blanked(item: str, at: int) -> str:
+    """`item` with every parenthesis that does not hold `at` blanked (same length): an aside's words are not the
+    claim's ("… at 3 (tolerated until the A/A level reached 10 seeds)" is no history of the claim)."""
+    out = list(item)
+    for o, c in _parentheses(item):
+        if not o < at <= c:
+            out[o:c + 1] = " " * (min(c + 1, len(item)) - o)
+    return "".join(out)
+
+
 def _clause_ends(item: str, at: int) -> list[re.Match]:
     """The clause boundaries of `item` (`SENTENCE_END`) that bound a claim at `at`: those inside a parenthesis the
     claim is not in ("(3–10 seeds; four of them marginal)") do not."""
-    def depth(pos: int) -> int:
-        return item.count("(", 0, pos) - item.count(")", 0, pos)
-
-    inside = depth(at)
-    return [e for e in SENTENCE_END.finditer(item) if depth(e.start()) <= inside]
+    asides = [(o, c) for o, c in _parentheses(item) if not o < at <= c]
+    return [e for e in SENTENCE_END.finditer(item) if not any(o < e.start() < c for o, c in asides)]
 
 
 def _items(text: str) -> list[str]:
     """The page's paragraphs and list items, wrapped lines joined."""
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
+
+
+def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match, verdicts: list[re.Match]) -> set[str]:
+    """The levels the seed count `m` is said of, in its clause from `start` (`verdict`: the claim's; `verdicts`:
+    the clause's verdict words, asides blanked), since the clause's count before it:
+    - those named after the last verdict before it ("sort-gpt2 tolerates noise 0.1 and 0.2 (6 seeds)", "int2 is
+      not tolerated, nor int3 (6 seeds)"), else that verdict's subject ("noise 0.06, 0.1 and 0.15 are undecided
+      at 6", "int3 is not (but on sort-gpt2 undecided at 10)"); with the verdict after it, those named before it
+      ("int4:channel (16 seeds) and int4:group128 (10 seeds) are tolerated"), or between the two ("at 6 seeds
+      noise 0.4 is not tolerated");
+    - a count in a parenthesis that names no level before it is said of the phrase the parenthesis follows, since
+      the aside before ("noise 0.06 to 0.6 (…), stale:4 and reuse:2 (3 seeds)"); where the parenthesis lists one
+      interval per level of that phrase, in order, of the levels whose intervals it follows ("A and B are not
+      tolerated (1.2 ± 0.08 and 1.24 ± 0.13 at 6 seeds, and 1.20 ± 0.08 at 3)"; all of them when it comes first);
+    - none where the parser finds no level (the claim is then checked against every level in its scope)."""
+    at = m.start()
+
+    def floor_of(upto: int) -> int:
+        return max([start, *(c.end() for c in SEEDS_SAID.finditer(item, start, upto))])
+
+    def subject(lo: int, upto: int) -> list[tuple[int, str]]:
+        before = [v for v in verdicts if lo <= v.start() and v.end() <= upto]
+        if before:
+            after = _names(item, before[-1].end(), upto)
+            if after:
+                return after
+            others = [v.end() for v in before[:-1]]
+            return _names(item, max([lo, *others]), before[-1].start())
+        return _names(item, lo, upto)
+
+    between = _names(item, m.end(), verdict.start()) if verdict.start() > at else []
+    if between and item[m.end():].lstrip(" )").startswith(":"):  # "(27 runs at 3 seeds: noise 0.06 tolerated"
+        return {n for _, n in between}
+    aside = [(o, c) for o, c in _parentheses(item) if o < at <= c]
+    said = subject(max(floor_of(at), max(aside)[0] if aside else 0), at)
+    if aside and not said:
+        o, c = max(aside)  # the innermost parenthesis holding the count
+        closed = [e for s_, e in _parentheses(item) if start <= s_ and e < o]
+        listed = subject(max([floor_of(o), *closed]), o)
+        values = [v.end() for v in PLUS_MINUS.finditer(item, o, c)]
+        said = listed
+        if len(listed) > 1 and len(values) == len(listed) and "A/A" not in item[o:at]:
+            previous = max((x.end() for x in SEEDS_SAID.finditer(item, o, at)), default=o)
+            said = [(p, n) for (p, n), v in zip(listed, values) if previous < v <= at] or listed
+    return {n for _, n in said or between}
 
 
 def _seed_claims(text: str) -> list[dict]:
@@ -253,17 +318,23 @@ def _seed_claims(text: str) -> list[dict]:
     for item in _items(text):
         for m in SEEDS_SAID.finditer(item):
             at = m.start()
-            ends = _clause_ends(item, at)
-            start = max((e.end() for e in ends if e.end() <= at), default=0)
-            end = next((e.start() for e in ends if e.start() >= m.end()), len(item))
-            said = list(VERDICT.finditer(_parentheses_blanked(item[:at]), start))
+            plain = _aside_blanked(item, at)
+            # its clause; for a count in a parenthesis whose own clause says no verdict ("(mismatch_kl 0.0892; 16
+            # seeds)"), the clause the parenthesis is in
+            for anchor in (at, *sorted((o for o, c in _parentheses(item) if o < at <= c), reverse=True)):
+                ends = _clause_ends(item, anchor)
+                start = max((e.end() for e in ends if e.end() <= anchor), default=0)
+                end = next((e.start() for e in ends if e.start() >= m.end()), len(item))
+                verdicts = list(CLAIM_VERDICT.finditer(plain, start, end))
+                if verdicts:
+                    break
+            said = [v for v in verdicts if v.end() <= at]
             # the verdict before the claim; else the one its clause goes on to ("int4:channel (16 seeds) and
-            # int4:group128 (10 seeds) are tolerated"), the levels it names then up to that verdict
-            verdict = said[-1] if said else VERDICT.search(_parentheses_blanked(item[:end]), m.end())
-            if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(item, start, end) \
+            # int4:group128 (10 seeds) are tolerated")
+            verdict = said[-1] if said else next((v for v in verdicts if v.start() >= m.end()), None)
+            if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(plain, start, end) \
                     or re.match(r"(?: seeds?)? on 20\d\d-\d\d-\d\d", item[m.end():]):
                 continue  # no verdict, a bound ("up to 16 seeds") or history
-            upto = at if said else verdict.start()
             pairs = list(PAIR_NAMES.finditer(item, 0, at))
             pair = pairs[-1] if pairs else None
             since_pair = pair.end() if pair else 0
@@ -282,30 +353,12 @@ def _seed_claims(text: str) -> list[dict]:
                     or [x[0] for x in losses if (first_pair is None or x.start() < first_pair.start()
                                                  or x.start() < opening) and not contrast(x)][:1])
             lengths = [a or b for a, b in LENGTHS.findall(item, since_pair, at)]
-            # the levels it names: since the last other verdict word before it (one in parentheses too)
-            others = [v for v in VERDICT.finditer(item, start, at) if v.start() != verdict.start()]
-            since = others[-1].end() if others else start
-            found = _names(item, since, upto)
-            # the levels the seed count is said of: the one named last before it ("int4:channel (16 seeds) and
-            # int4:group128 (10 seeds) are tolerated"), else the last in its clause; or, for a list of levels with
-            # their intervals in order in the parenthesis after it ("A and B are not tolerated (1.2 ± 0.08 and
-            # 1.24 ± 0.13 at 6 seeds, and 1.20 ± 0.08 at 3)"), each level whose interval the count follows
-            nearest = max(((p, n) for p, n in found if p < at), default=max(found, default=(0, None)))[1]
-            each = {nearest} if nearest else set()
-            opened = item.rfind("(", 0, at)
-            if opened > item.rfind(")", 0, at) and opened >= 0:
-                closed = item.find(")", at)
-                values = [v.end() for v in PLUS_MINUS.finditer(item, opened, closed if closed >= 0 else len(item))]
-                listed = [n for p, n in _names(item, start, opened) if p >= since]
-                if len(values) > 1 and len(listed) == len(values):
-                    after = max((c.start() for c in SEEDS_SAID.finditer(item, opened, at)), default=opened)
-                    each = {n for n, v in zip(listed, values) if after < v <= at}
             said_tis = list(TIS_SAID.finditer(item, start, at)) or list(TIS_SAID.finditer(item, at, end))[:1]
             tis = {"with TIS": "2", "without TIS": "off"}.get(said_tis[-1][0]) if said_tis else None
-            out.append({"claim": item[start:max(m.end(), upto)], "verdict": SAID.get(verdict[0], verdict[0]),
+            out.append({"claim": item[start:max(m.end(), verdict.end())], "verdict": SAID.get(verdict[0], verdict[0]),
                         "seeds": int(m[1] or m[2]), "pair": pair[0] if pair else None,
                         "loss": loss[0] if loss else None, "length": lengths[-1] if lengths else None,
-                        "levels": {n for _, n in found}, "each": each, "tis": tis})
+                        "each": _levels_said(item, m, start, verdict, verdicts), "tis": tis})
     return out
 
 
@@ -389,6 +442,9 @@ def test_every_verdict_quoted_with_its_seeds_is_a_levels(page, heading):
     # two levels' seed counts swapped: each count is the level's named last before it, not either level's
     ("int4:channel (16 seeds) and int4:group128 on every linear (the head too, 10 seeds)",
      "int4:channel (10 seeds) and int4:group128 on every linear (the head too, 16 seeds)", "int4:channel (10 seeds"),
+    # one level of a list that shares a count: every level listed is checked, not one of them
+    ("noise 0.06, 0.1 and 0.15 and the lags are undecided at 6", "noise 0.25, 0.1 and 0.15 and the lags are "
+     "undecided at 6", "noise 0.25, 0.1"),
 ])
 def test_a_verdict_claim_out_of_its_scope_fails(right, wrong, key):
     """The check above fails a claim that some level has, but not in the scope its sentence gives it: the README's
@@ -409,7 +465,7 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     assert not _seed_claims("The study tolerated everything it ran (its own looks up to 16 seeds).")
     [claim] = _seed_claims("Under pg-rkl-is: on smollm2-pruned at 32 tokens noise 0.25 is not tolerated, where under "
                            "full-rkl the same rung tolerates it; noise 0.06 is undecided at 6.")
-    assert (claim["pair"], claim["loss"], claim["length"], claim["levels"], claim["verdict"], claim["seeds"]) == (
+    assert (claim["pair"], claim["loss"], claim["length"], claim["each"], claim["verdict"], claim["seeds"]) == (
         "smollm2-pruned", "pg-rkl-is", "32", {"noise:0.06"}, "undecided", 6)
     first, second = _seed_claims("On smollm2-pruned int4:group128 and noise 0.25 and 0.4 are not tolerated (KL ratio "
                                  "1.200 ± 0.0807 and 1.238 ± 0.132 at 6 seeds, the second marginally, and 1.199 ± "
@@ -418,9 +474,23 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     assert (second["each"], second["seeds"]) == ({"noise:0.4"}, 3)
     [claim] = _seed_claims("On sort-gpt2 int4:channel (16 seeds) and int4:group128 are tolerated.")
     assert claim["each"] == {"int4:channel"}
+    [claim] = _seed_claims("On sort-gpt2 int2 and int3 are tolerated (16 seeds; 1.01 ± 0.02 and 1.02 ± 0.03).")
+    assert claim["each"] == {"int2", "int3"}  # a count before the intervals: all of the list
+    first, second = _seed_claims("On sort-gpt2 int4:channel and int4:group128 are tolerated (KL ratio 1.01 ± 0.02 at "
+                                 "16 seeds (pooled), and 1.02 ± 0.03 at 10).")  # a parenthesis inside
+    assert (first["each"], second["each"]) == ({"int4:channel"}, {"int4:group128"})
+    [claim] = _seed_claims("Under pg-rkl-is a lag of 4 is not, and int3 is not (but on sort-gpt2 undecided at 10).")
+    assert (claim["each"], claim["verdict"]) == ({"int3"}, "undecided")
+    [claim] = _seed_claims("sort-gpt2 tolerates noise 0.1 and 0.2 (mismatch_kl 0.0892 nats per token; 16 seeds).")
+    assert (claim["each"], claim["verdict"]) == ({"noise:0.1", "noise:0.2"}, "tolerated")
+    [claim] = _seed_claims("TIS does not rescue it: at 6 seeds under pg-rkl-is noise 0.4 is not tolerated.")
+    assert (claim["each"], claim["verdict"]) == ({"noise:0.4"}, "not tolerated")
+    [claim] = _seed_claims("Every level is tolerated: noise 0.06 to 0.6 (at the first step; 3–10 seeds, four of them "
+                           "marginal), stale:4 and reuse:2 (3 seeds).")  # an aside before closes the list
+    assert claim["each"] == {"stale:4", "reuse:2"}
     [claim] = _seed_claims("On sort-gpt2 under pg-rkl-is int4:group128 is not tolerated, where full-rkl tolerates "
                            "int8 (16 seeds).")
-    assert (claim["loss"], claim["levels"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
+    assert (claim["loss"], claim["each"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/study.md", "docs/admission.md"])
