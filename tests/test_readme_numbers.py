@@ -119,8 +119,8 @@ PLUS_MINUS = re.compile(r"(?<![\w.])([−+-]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?
 VERDICT = re.compile(r"not[- ]tolerated|do(?:es)? not tolerate|tolerated|tolerates?|undecided")
 SAID = {"not-tolerated": "not tolerated", "does not tolerate": "not tolerated", "do not tolerate": "not tolerated",
         "tolerates": "tolerated", "tolerate": "tolerated", "is not": "not tolerated"}  # the verb's forms → the verdict
-SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(])|(?<=\.\))\s+(?=[A-Z*`])|;\s|\n\s*\n|\n- )")  # a new sentence,
-# clause, paragraph or item (a sentence that ends in a parenthesis too: "… digit.) The study …")
+SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(])|(?<=\.\))\s+(?=[A-Z*`])|(?<=\.\*\*)\s+|;\s|\n\s*\n|\n- )")  # a new
+# sentence, clause, paragraph or item (a sentence that ends in a parenthesis or in bold too: "… digit.) The study …")
 WORDS = {"uncertain": "undecided"}  # the reports' verdict column → the word the pages use
 INTERVAL_PAGES = [("README.md", "What OPD tolerated"), ("docs/study.md", None), ("docs/admission.md", None)]
 
@@ -335,30 +335,82 @@ def _seed_claims(text: str) -> list[dict]:
             if verdict is None or item[max(0, at - 6):at] == "up to " or HISTORY.search(plain, start, end) \
                     or re.match(r"(?: seeds?)? on 20\d\d-\d\d-\d\d", item[m.end():]):
                 continue  # no verdict, a bound ("up to 16 seeds") or history
-            pairs = list(PAIR_NAMES.finditer(item, 0, at))
-            pair = pairs[-1] if pairs else None
-            since_pair = pair.end() if pair else 0
-            s0 = max((e.end() for e in SENTENCE.finditer(item, 0, at)), default=0)
-            s1 = next((e.start() for e in SENTENCE.finditer(item, at)), len(item))
-
-            def contrast(m_):  # "where under full-rkl …": another loss's verdict, beside this one
-                return bool(re.search(r"where (?:under )?$", item[max(0, m_.start() - 12):m_.start()]))
-
-            losses = list(LOSS_NAMES.finditer(item))
-            first_pair = PAIR_NAMES.search(item)
-            opening = next((e.start() for e in SENTENCE.finditer(item)), len(item))  # the item's first sentence
-            loss = ([x[0] for x in losses if max(s0, since_pair) <= x.start() < at
-                     and (x.start() >= start or not contrast(x))][-1:]
-                    or [x[0] for x in losses if at <= x.start() < s1 and not contrast(x)][:1]
-                    or [x[0] for x in losses if (first_pair is None or x.start() < first_pair.start()
-                                                 or x.start() < opening) and not contrast(x)][:1])
-            lengths = [a or b for a, b in LENGTHS.findall(item, since_pair, at)]
-            said_tis = list(TIS_SAID.finditer(item, start, at)) or list(TIS_SAID.finditer(item, at, end))[:1]
-            tis = {"with TIS": "2", "without TIS": "off"}.get(said_tis[-1][0]) if said_tis else None
+            scope = _scope(item, at, start, end)
             out.append({"claim": item[start:max(m.end(), verdict.end())], "verdict": SAID.get(verdict[0], verdict[0]),
-                        "seeds": int(m[1] or m[2]), "pair": pair[0] if pair else None,
-                        "loss": loss[0] if loss else None, "length": lengths[-1] if lengths else None,
-                        "each": _levels_said(item, m, start, verdict, verdicts), "tis": tis})
+                        "seeds": int(m[1] or m[2]), **scope, "each": _levels_said(item, m, start, verdict, verdicts),
+                        "at": (item, verdict.start())})
+    return out
+
+
+def _scope(item: str, at: int, start: int, end: int) -> dict:
+    """The scope a verdict at `at` of `item` is said in (its clause `start`–`end`): the pair named last before it, the
+    loss of its sentence (or of the item it opens; a "where under full-rkl …" contrast lends its loss only to its
+    own clause), a response length named since that pair, with or without TIS."""
+    pairs = list(PAIR_NAMES.finditer(item, 0, at))
+    pair = pairs[-1] if pairs else None
+    since_pair = pair.end() if pair else 0
+    s0 = max((e.end() for e in SENTENCE.finditer(item, 0, at)), default=0)
+    s1 = next((e.start() for e in SENTENCE.finditer(item, at)), len(item))
+
+    def contrast(m_):  # "where under full-rkl …": another loss's verdict, beside this one
+        return bool(re.search(r"where (?:under )?$", item[max(0, m_.start() - 12):m_.start()]))
+
+    losses = list(LOSS_NAMES.finditer(item))
+    first_pair = PAIR_NAMES.search(item)
+    opening = next((e.start() for e in SENTENCE.finditer(item)), len(item))  # the item's first sentence
+    loss = ([x[0] for x in losses if max(s0, since_pair) <= x.start() < at
+             and (x.start() >= start or not contrast(x))][-1:]
+            or [x[0] for x in losses if at <= x.start() < s1 and not contrast(x)][:1]
+            or [x[0] for x in losses if (first_pair is None or x.start() < first_pair.start()
+                                         or x.start() < opening) and not contrast(x)][:1])
+    lengths = [a or b for a, b in LENGTHS.findall(item, since_pair, at)]
+    said_tis = list(TIS_SAID.finditer(item, start, at)) or list(TIS_SAID.finditer(item, at, end))[:1]
+    return {"pair": pair[0] if pair else None, "loss": loss[0] if loss else None,
+            "length": lengths[-1] if lengths else None,
+            "tis": {"with TIS": "2", "without TIS": "off"}.get(said_tis[-1][0]) if said_tis else None}
+
+
+HYPOTHETICAL = re.compile(r"\b(?:if|whether|would|could|may|might|can|cannot|unless|where decided|decided level|"
+                          r"taken as)\b")
+
+
+def _verdict_claims(text: str) -> list[dict]:
+    """Every verdict the page says of a named level without a seed count ("int2 is not tolerated on either pair",
+    "the fp8 formats and int8 are tolerated on both pairs"), with its scope (`_scope`) — a verdict a seed count's
+    claim is read from (`_seed_claims`) is that claim's; history, hypotheticals and verdicts of no level the parser
+    can name ("every decided level is tolerated") are skipped."""
+    counted: dict = {}  # a verdict's levels a seed count's claim checks already
+    for c in _seed_claims(text):
+        counted.setdefault(c["at"], set()).update(c["each"])
+    out = []
+    for item in _items(text):
+        for v in CLAIM_VERDICT.finditer(item):
+            at = v.start()
+            plain = _aside_blanked(item, at)
+            ends = _clause_ends(item, at)
+            start = max((e.end() for e in ends if e.end() <= at), default=0)
+            end = next((e.start() for e in ends if e.start() >= v.end()), len(item))
+            for o, c in _parentheses(item):  # a verdict in an aside is said of the aside's levels
+                if o < at <= c:
+                    start, end = max(start, o + 1), min(end, c)
+            if HISTORY.search(plain, start, end) or HYPOTHETICAL.search(plain, start, end) \
+                    or re.search(r" on 20\d\d-\d\d-\d\d", plain[start:end]):
+                continue
+            others = [w.end() for w in re.finditer(CLAIM_VERDICT.pattern + "|: ", plain[:at])]  # its subject after
+            verb = v[0] in ("tolerates", "tolerate") or v[0].startswith("do") or item[v.end():].startswith(":")
+            nxt = next((w.start() for w in CLAIM_VERDICT.finditer(plain, v.end(), end)), end)
+            each = _names(plain, v.end(), nxt) if verb else _names(plain, max([start, *others]), at)
+            scope = _scope(item, at, start, end)
+            by_tis: dict = {}  # "does not tolerate A, B or, with TIS, C and D": C and D with TIS, A and B either way
+            each = [(p, n) for p, n in each if n not in counted.get((item, at), ())]
+            for p, n in each:  # a verb's objects: with the TIS said before each, else either way
+                said = list(TIS_SAID.finditer(plain, start, p)) if verb else []
+                tis = {"with TIS": "2", "without TIS": "off"}.get(said[-1][0]) if said else None if verb \
+                    else scope["tis"]
+                by_tis.setdefault(tis, set()).add(n)
+            for tis, names in by_tis.items():
+                out.append({"claim": item[start:end], "verdict": SAID.get(v[0], v[0]), "seeds": None,
+                            **scope, "tis": tis, "each": names})
     return out
 
 
@@ -401,7 +453,8 @@ def _named(name: str, token: str) -> bool:
 def _unsupported(claims: list[dict], levels) -> list[str]:
     wrong = []
     for claim in claims:
-        rows = levels[(levels.said == claim["verdict"]) & (levels.seeds == claim["seeds"])]
+        rows = levels[(levels.said == claim["verdict"])
+                      & ((levels.seeds == claim["seeds"]) if claim["seeds"] is not None else True)]
         if claim["pair"] in GROUPS:
             rows = rows[rows.pair.isin(GROUPS[claim["pair"]])]
         elif claim["pair"]:
@@ -491,6 +544,31 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     [claim] = _seed_claims("On sort-gpt2 under pg-rkl-is int4:group128 is not tolerated, where full-rkl tolerates "
                            "int8 (16 seeds).")
     assert (claim["loss"], claim["each"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
+
+
+@pytest.mark.parametrize("page,heading", CLAIM_PAGES)
+def test_every_verdict_said_of_a_named_level_is_its(page, heading):
+    """"int2 is not tolerated on either pair", "reverse-qwen3 does not tolerate int4:group32": a verdict said of a
+    named level without a seed count is that level's in the claim's scope, at whatever seeds it reached."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    claims = _verdict_claims(_section(text, heading) if heading else text)
+    assert len(claims) >= 3, "the premise: the page says verdicts of named levels"
+    wrong = _unsupported(claims, _levels_judged())
+    assert not wrong, f"{page}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("right,wrong,key", [
+    ("a lag of 4 is not, and int3 is not", "a lag of 4 is not, and int8 is not", "int8 is not"),  # another level's
+    ("int2 is not tolerated on either pair", "int8 is not tolerated on either pair", "int8 is not"),
+    ("or, with TIS, int4:group128 and stale:1", "or, with TIS, int8 and stale:1", "with TIS, int8"),
+])
+def test_a_verdict_said_without_seeds_of_another_level_fails(right, wrong, key):
+    """The README's own text with one level of a seedless verdict swapped for one that has another verdict there."""
+    joined = "\n\n".join(_items(_section((ROOT / "README.md").read_text(encoding="utf-8"), "What OPD tolerated")))
+    assert right in joined, "the premise: the README says it"
+    levels = _levels_judged()
+    assert not _unsupported([c for c in _verdict_claims(joined) if right in c["claim"]], levels)
+    assert _unsupported([c for c in _verdict_claims(joined.replace(right, wrong)) if key in c["claim"]], levels)
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/study.md", "docs/admission.md"])
