@@ -204,8 +204,9 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
 # "int3 is not tolerated (6 seeds)", "undecided at 16": integers, which the checks above do not see. Each such claim
 # is read with the scope its page gives it — the pair named last before it, the loss of its sentence (or of the item
 # it opens), a response length named since that pair, the levels it is said of (`_levels_said`) — and each of those
-# levels (some level, where it names none the parser can read) must have that verdict at that many seeds there. A claim told as history ("was
-# tolerated at 3 seeds on 2026-12-05", "the one lost") is not one about the reports and is skipped.
+# levels (some level, where it names none the parser can read) must have that verdict at that many seeds there. A
+# claim told as history ("was tolerated at 3 seeds on 2026-12-05", "the one lost") is not one about the reports and
+# is skipped.
 
 PAIR_NAMES = re.compile(r"sort-gpt2|reverse-qwen3|smollm2-concise|smollm2-pruned|synthetic pairs|real pairs")
 GROUPS = {"synthetic pairs": ["sort-gpt2", "reverse-qwen3"], "real pairs": ["smollm2-concise", "smollm2-pruned"]}
@@ -474,40 +475,49 @@ def _unsupported(claims: list[dict], levels) -> list[str]:
     return wrong
 
 
+@pytest.mark.parametrize("reader,least", [(_seed_claims, 10), (_verdict_claims, 3)], ids=["seeds", "no-seeds"])
 @pytest.mark.parametrize("page,heading", CLAIM_PAGES)
-def test_every_verdict_quoted_with_its_seeds_is_a_levels(page, heading):
-    """"int3 is not tolerated on reverse-qwen3 (6 seeds)", "undecided at 16": some level of the reports in the
-    claim's scope has that verdict at that many seeds — so a claim left from an earlier look fails here."""
+def test_every_verdict_said_of_a_level_is_its(page, heading, reader, least):
+    """"int3 is not tolerated on reverse-qwen3 (6 seeds)", "undecided at 16": the levels in the claim's scope it is
+    said of (some level there, where it names none) have that verdict at that many seeds — so a claim left from an
+    earlier look fails here; "int2 is not tolerated on either pair", "reverse-qwen3 does not tolerate
+    int4:group32": said of a named level without a seed count, the level has it at whatever seeds it reached."""
     text = (ROOT / page).read_text(encoding="utf-8")
-    claims = _seed_claims(_section(text, heading) if heading else text)
-    assert len(claims) >= 10, "the premise: the page quotes verdicts with their seeds"
+    claims = reader(_section(text, heading) if heading else text)
+    assert len(claims) >= least, "the premise: the page says verdicts of levels"
     wrong = _unsupported(claims, _levels_judged())
     assert not wrong, f"{page}: " + "; ".join(wrong)
 
 
-@pytest.mark.parametrize("right,wrong,key", [
+@pytest.mark.parametrize("reader,right,wrong,key", [
     # session 24's hand check found this one: pg-rkl-is's noise 0.06 at 32 tokens is undecided at 6, and
     # tolerated at 3 seeds only at 128 tokens
-    ("noise 0.06, 0.1 and 0.15 and the lags are undecided at 6", "noise 0.06 is tolerated (3 seeds)", "(3 seeds"),
-    ("nor int3 on reverse-qwen3 (6 seeds", "nor int3 on reverse-qwen3 (10 seeds", "(10 seeds"),  # another look's
-    ("is tolerated on smollm2-pruned at 6", "is tolerated on smollm2-concise at 6", "tolerated on smollm2-concise"),
-    ("the 128-token rung is undecided at 3", "the 8-token rung is undecided at 3", "8-token rung"),  # another rung's
+    (_seed_claims, "noise 0.06, 0.1 and 0.15 and the lags are undecided at 6", "noise 0.06 is tolerated (3 seeds)",
+     "(3 seeds"),
+    (_seed_claims, "nor int3 on reverse-qwen3 (6 seeds", "nor int3 on reverse-qwen3 (10 seeds", "(10 seeds"),
+    (_seed_claims, "is tolerated on smollm2-pruned at 6", "is tolerated on smollm2-concise at 6",
+     "tolerated on smollm2-concise"),
+    (_seed_claims, "the 128-token rung is undecided at 3", "the 8-token rung is undecided at 3", "8-token rung"),
     # two levels' seed counts swapped: each count is the level's named last before it, not either level's
-    ("int4:channel (16 seeds) and int4:group128 on every linear (the head too, 10 seeds)",
+    (_seed_claims, "int4:channel (16 seeds) and int4:group128 on every linear (the head too, 10 seeds)",
      "int4:channel (10 seeds) and int4:group128 on every linear (the head too, 16 seeds)", "int4:channel (10 seeds"),
     # one level of a list that shares a count: every level listed is checked, not one of them
-    ("noise 0.06, 0.1 and 0.15 and the lags are undecided at 6", "noise 0.25, 0.1 and 0.15 and the lags are "
-     "undecided at 6", "noise 0.25, 0.1"),
+    (_seed_claims, "noise 0.06, 0.1 and 0.15 and the lags are undecided at 6", "noise 0.25, 0.1 and 0.15 and the "
+     "lags are undecided at 6", "noise 0.25, 0.1"),
+    # a level of a verdict said without seeds swapped for one with another verdict there
+    (_verdict_claims, "a lag of 4 is not, and int3 is not", "a lag of 4 is not, and int8 is not", "int8 is not"),
+    (_verdict_claims, "int2 is not tolerated on either pair", "int8 is not tolerated on either pair", "int8 is not"),
+    (_verdict_claims, "or, with TIS, int4:group128 and stale:1", "or, with TIS, int8 and stale:1", "with TIS, int8"),
 ])
-def test_a_verdict_claim_out_of_its_scope_fails(right, wrong, key):
+def test_a_verdict_claim_out_of_its_scope_fails(reader, right, wrong, key):
     """The check above fails a claim that some level has, but not in the scope its sentence gives it: the README's
-    own text with one claim moved to another loss's length, look, pair or rung (so the premise: it passes as is)."""
+    own text with one claim moved to another loss's length, look, pair, rung or level (so the premise: it passes
+    as is)."""
     joined = "\n\n".join(_items(_section((ROOT / "README.md").read_text(encoding="utf-8"), "What OPD tolerated")))
     assert right in joined, "the premise: the README says it"
     levels = _levels_judged()
-    assert not _unsupported([c for c in _seed_claims(joined) if right in c["claim"]], levels)
-    moved = _seed_claims(joined.replace(right, wrong))
-    assert _unsupported([c for c in moved if key in c["claim"]], levels)
+    assert not _unsupported([c for c in reader(joined) if right in c["claim"]], levels)
+    assert _unsupported([c for c in reader(joined.replace(right, wrong)) if key in c["claim"]], levels)
 
 
 def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
@@ -544,31 +554,6 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     [claim] = _seed_claims("On sort-gpt2 under pg-rkl-is int4:group128 is not tolerated, where full-rkl tolerates "
                            "int8 (16 seeds).")
     assert (claim["loss"], claim["each"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
-
-
-@pytest.mark.parametrize("page,heading", CLAIM_PAGES)
-def test_every_verdict_said_of_a_named_level_is_its(page, heading):
-    """"int2 is not tolerated on either pair", "reverse-qwen3 does not tolerate int4:group32": a verdict said of a
-    named level without a seed count is that level's in the claim's scope, at whatever seeds it reached."""
-    text = (ROOT / page).read_text(encoding="utf-8")
-    claims = _verdict_claims(_section(text, heading) if heading else text)
-    assert len(claims) >= 3, "the premise: the page says verdicts of named levels"
-    wrong = _unsupported(claims, _levels_judged())
-    assert not wrong, f"{page}: " + "; ".join(wrong)
-
-
-@pytest.mark.parametrize("right,wrong,key", [
-    ("a lag of 4 is not, and int3 is not", "a lag of 4 is not, and int8 is not", "int8 is not"),  # another level's
-    ("int2 is not tolerated on either pair", "int8 is not tolerated on either pair", "int8 is not"),
-    ("or, with TIS, int4:group128 and stale:1", "or, with TIS, int8 and stale:1", "with TIS, int8"),
-])
-def test_a_verdict_said_without_seeds_of_another_level_fails(right, wrong, key):
-    """The README's own text with one level of a seedless verdict swapped for one that has another verdict there."""
-    joined = "\n\n".join(_items(_section((ROOT / "README.md").read_text(encoding="utf-8"), "What OPD tolerated")))
-    assert right in joined, "the premise: the README says it"
-    levels = _levels_judged()
-    assert not _unsupported([c for c in _verdict_claims(joined) if right in c["claim"]], levels)
-    assert _unsupported([c for c in _verdict_claims(joined.replace(right, wrong)) if key in c["claim"]], levels)
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/study.md", "docs/admission.md"])
