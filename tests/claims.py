@@ -174,7 +174,11 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     the verdict's subject starts, or after it)."""
     plain = _aside_blanked(item, at)
     pairs = list(PAIR_NAMES.finditer(plain, 0, at))
-    if not [x for x in pairs if x.start() >= start and x[0] not in GROUPS]:  # none of its own: "… is tolerated on P"
+    on = re.match(r"(?:\s+under [\w-]+)?\s+on\s+", plain[after:])  # "… is tolerated (under full-rkl) on P": P
+    said_on = PAIR_NAMES.match(plain, after + on.end()) if on else None
+    if said_on and not [x for x in pairs if x.start() >= said_on.end()]:  # no other pair named since
+        pairs.append(said_on)
+    elif not [x for x in pairs if x.start() >= start and x[0] not in GROUPS]:  # none of its own: "… tolerated … on P"
         stop = next((w.start() for w in CLAIM_VERDICT.finditer(plain, after, end)), end)
         pairs += [x for x in PAIR_NAMES.finditer(plain, after, stop) if plain[x.start() - 3:x.start()] == "on "][:1]
     pair = pairs[-1] if pairs else None
