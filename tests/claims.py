@@ -235,17 +235,18 @@ def verdict_claims(text: str) -> list[dict]:
             for o, c in _parentheses(item):  # a verdict in an aside is said of the aside's levels
                 if o < at <= c:
                     start, end = max(start, o + 1), min(end, c)
-            if HISTORY.search(plain, start, end) or HYPOTHETICAL.search(plain, start, end) \
-                    or re.search(r" on 20\d\d-\d\d-\d\d", plain[start:end]):
-                continue
             # its subject: after the verdict, colon or coordinate clause before it ("…, nor int3 (…), and the other
             # int4 levels are undecided")
             others = [w.end() for w in re.finditer(CLAIM_VERDICT.pattern + "|, and |, nor ", plain[:at])]
             others += [w.end() for w in re.finditer(": ", plain[:at]) if w.end() < at]  # not "X: tolerated"
             verb = v[0] in ("tolerates", "tolerate") or v[0].startswith("do") or item[v.end():].startswith(":")
             nxt = next((w.start() for w in CLAIM_VERDICT.finditer(plain, v.end(), end)), end)
-            each = _names(plain, v.end(), nxt) if verb else _names(plain, max([start, *others]), at)
-            scope = _scope(item, at, start, end, v.end(), max([start, *others]))
+            subject = max([start, *others])  # history in its own words up to the next verdict, a hypothetical before
+            if HISTORY.search(plain, subject, nxt) or HYPOTHETICAL.search(plain, subject, v.end()) \
+                    or re.search(r" on 20\d\d-\d\d-\d\d", plain[subject:nxt]):  # it ("would be tolerated")
+                continue
+            each = _names(plain, v.end(), nxt) if verb else _names(plain, subject, at)
+            scope = _scope(item, at, start, end, v.end(), subject)
             by_tis: dict = {}  # "does not tolerate A, B or, with TIS, C and D": C and D with TIS, A and B either way
             inside = [o for o, c in _parentheses(item) if o < at <= c]
             if not each and inside and not item[max(inside) + 1:at].strip():  # an aside that opens with its verdict,
