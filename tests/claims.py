@@ -50,6 +50,7 @@ NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:(?:,| and| or| to) |�
 LAG_NAMES = re.compile(r"\blags? of (\d+(?:(?:,| and| or) \d+)*)")
 CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(?<![\w ])Not tolerated")  # "a lag of 4
 # is not, and int3 is not (…)", "**Not tolerated on sort-gpt2:** …"
+BOUNDS = re.compile(r", and |, nor |: ")  # where a verdict's subject starts at the latest (a coordinate clause)
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS|either way")
 TIS_SETTING = {"with TIS": "2", "without TIS": "off", "with and without TIS": "both", "either way": "both"}
 
@@ -87,9 +88,11 @@ def items(text: str) -> list[str]:
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
 
 
-def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match, verdicts: list[re.Match]) -> set[str]:
-    """The levels the seed count `m` is said of, in its clause from `start` (`verdict`: the claim's; `verdicts`:
-    the clause's verdict words, asides blanked), since the clause's count before it:
+def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match,
+                 verdicts: list[re.Match]) -> set[tuple[int, str]]:
+    """The levels the seed count `m` is said of (where each is named, and its name), in its clause from `start`
+    (`verdict`: the claim's; `verdicts`: the clause's verdict words, asides blanked), since the clause's count before
+    it (a count in another aside bounds nothing) or a coordinate clause (", and …", ": …"):
     - those named after the last verdict before it ("sort-gpt2 tolerates noise 0.1 and 0.2 (6 seeds)", "int2 is
       not tolerated, nor int3 (6 seeds)"), else that verdict's subject ("noise 0.06, 0.1 and 0.15 are undecided
       at 6", "int3 is not (but on sort-gpt2 undecided at 10)"); with the verdict after it, those named before it
@@ -99,11 +102,12 @@ def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match, verdicts
       the aside before ("noise 0.06 to 0.6 (…), stale:4 and reuse:2 (3 seeds)"); where the parenthesis lists one
       interval per level of that phrase, in order, of the levels whose intervals it follows ("A and B are not
       tolerated (1.2 ± 0.08 and 1.24 ± 0.13 at 6 seeds, and 1.20 ± 0.08 at 3)"; all of them when it comes first);
-    - none where the parser finds no level (the claim is then checked against every level in its scope)."""
+    - none where the parser finds no level (then some level in the claim's scope must have its verdict)."""
     at = m.start()
+    plain = _aside_blanked(item, at)  # a count in another aside floors nothing
 
     def floor_of(upto: int) -> int:
-        return max([start, *(c.end() for c in SEEDS_SAID.finditer(item, start, upto))])
+        return max([start, *(c.end() for c in SEEDS_SAID.finditer(plain, start, upto))])
 
     def subject(lo: int, upto: int) -> list[tuple[int, str]]:
         before = [v for v in verdicts if lo <= v.start() and v.end() <= upto]
@@ -111,13 +115,18 @@ def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match, verdicts
             after = _names(item, before[-1].end(), upto)
             if after:
                 return after
-            others = [v.end() for v in before[:-1]]
-            return _names(item, max([lo, *others]), before[-1].start())
+            # a verdict with no subject of its own shares the one before ("X is tolerated on P (…) and undecided
+            # on Q at 3", "X is not tolerated, where full-rkl's is undecided at 6")
+            for k in range(len(before) - 1, -1, -1):
+                bounds = [b.end() for b in BOUNDS.finditer(plain, lo, before[k].start()) if b.end() < before[k].start()]
+                own = _names(item, max([lo, *(v.end() for v in before[:k]), *bounds]), before[k].start())
+                if own or k == 0:
+                    return own
         return _names(item, lo, upto)
 
     between = _names(item, m.end(), verdict.start()) if verdict.start() > at else []
     if between and item[m.end():].lstrip(" )").startswith(":"):  # "(27 runs at 3 seeds: noise 0.06 tolerated"
-        return {n for _, n in between}
+        return set(between)
     aside = [(o, c) for o, c in _parentheses(item) if o < at <= c]
     said = subject(max(floor_of(at), max(aside)[0] if aside else 0), at)
     if aside and not said:
@@ -129,7 +138,7 @@ def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match, verdicts
         if len(listed) > 1 and len(values) == len(listed) and "A/A" not in item[o:at]:
             previous = max((x.end() for x in SEEDS_SAID.finditer(item, o, at)), default=o)
             said = [(p, n) for (p, n), v in zip(listed, values) if previous < v <= at] or listed
-    return {n for _, n in said or between}
+    return set(said or between)
 
 
 def seed_claims(text: str) -> list[dict]:
@@ -158,8 +167,9 @@ def seed_claims(text: str) -> list[dict]:
                     or re.match(r"(?: seeds?)? on 20\d\d-\d\d-\d\d", item[m.end():]):
                 continue  # no verdict, a bound ("up to 16 seeds") or history
             scope = _scope(item, at, start, end, verdict.end() if verdict.end() <= at else m.end())
+            named = _levels_said(item, m, start, verdict, verdicts)  # (where, level)
             out.append({"claim": item[start:max(m.end(), verdict.end())], "verdict": SAID.get(verdict[0], verdict[0]),
-                        "seeds": int(m[1] or m[2]), **scope, "each": _levels_said(item, m, start, verdict, verdicts),
+                        "seeds": int(m[1] or m[2]), **scope, "each": {n for _, n in named}, "named": named,
                         "at": (item, verdict.start())})
     return out
 
@@ -221,9 +231,9 @@ def verdict_claims(text: str) -> list[dict]:
     "the fp8 formats and int8 are tolerated on both pairs"), with its scope (`_scope`) — a verdict a seed count's
     claim is read from (`seed_claims`) is that claim's; history, hypotheticals and verdicts of no level the parser
     can name ("every decided level is tolerated") are skipped."""
-    counted: dict = {}  # a verdict's levels a seed count's claim checks already
+    counted: dict = {}  # the levels, where they are named, a seed count's claim checks already
     for c in seed_claims(text):
-        counted.setdefault(c["at"], set()).update(c["each"])
+        counted.setdefault(c["at"], set()).update(c["named"])
     out = []
     for item in items(text):
         for v in CLAIM_VERDICT.finditer(item):
@@ -237,13 +247,17 @@ def verdict_claims(text: str) -> list[dict]:
                     start, end = max(start, o + 1), min(end, c)
             # its subject: after the verdict, colon or coordinate clause before it ("…, nor int3 (…), and the other
             # int4 levels are undecided")
-            others = [w.end() for w in re.finditer(CLAIM_VERDICT.pattern + "|, and |, nor ", plain[:at])]
-            others += [w.end() for w in re.finditer(": ", plain[:at]) if w.end() < at]  # not "X: tolerated"
+            others = [w.end() for w in CLAIM_VERDICT.finditer(plain, 0, at)]
+            others += [w.end() for w in BOUNDS.finditer(plain, 0, at) if w.end() < at]  # not "X: tolerated"
             verb = v[0] in ("tolerates", "tolerate") or v[0].startswith("do") or item[v.end():].startswith(":")
             nxt = next((w.start() for w in CLAIM_VERDICT.finditer(plain, v.end(), end)), end)
-            subject = max([start, *others])  # history in its own words up to the next verdict, a hypothetical before
-            if HISTORY.search(plain, subject, nxt) or HYPOTHETICAL.search(plain, subject, v.end()) \
-                    or re.search(r" on 20\d\d-\d\d-\d\d", plain[subject:nxt]):  # it ("would be tolerated")
+            subject = max([start, *others])
+            # history in its own phrase ("was tolerated at 3 seeds on 2026-12-05", "… tolerated at 3 seeds before"),
+            # up to the next comma, dash or verdict; a hypothetical before it ("would be tolerated")
+            phrase = re.compile(r"[,;:]| —").search(plain, v.end(), nxt)
+            said_until = phrase.start() if phrase else nxt
+            if HISTORY.search(plain, subject, said_until) or HYPOTHETICAL.search(plain, subject, v.end()) \
+                    or re.search(r" on 20\d\d-\d\d-\d\d", plain[subject:said_until]):
                 continue
             each = _names(plain, v.end(), nxt) if verb else _names(plain, subject, at)
             scope = _scope(item, at, start, end, v.end(), subject)
@@ -252,7 +266,7 @@ def verdict_claims(text: str) -> list[dict]:
             if not each and inside and not item[max(inside) + 1:at].strip():  # an aside that opens with its verdict,
                 # "reverse-qwen3's int4:group32 under pg-rkl-is (not tolerated, …)", is said of the level before it
                 each = _names(_aside_blanked(item, max(inside)), 0, max(inside))[-1:]
-            each = [(p, n) for p, n in each if n not in counted.get((item, at), ())]
+            each = [(p, n) for p, n in each if (p, n) not in counted.get((item, at), ())]
             for p, n in each:  # a verb's objects: with the TIS said before each, else either way
                 said = list(TIS_SAID.finditer(plain, start, p)) if verb else []
                 tis = TIS_SETTING[said[-1][0]] if said else scope["tis"] if not verb else None
@@ -267,6 +281,8 @@ def _names(item: str, lo: int, hi: int) -> list[tuple[int, str]]:
     """The levels `item[lo:hi]` names, each with where its name is (a list "noise 0.25 and 0.4": each value's)."""
     found = [(m.start(), m[1].lower()) for m in FORMAT_NAMES.finditer(item, lo, hi)]
     found += [(m.start(), "held-out") for m in re.finditer(r"held-out (?:copies|cases)", item[:hi]) if m.start() >= lo]
+    found += [(m.start(), f"held-out block-{m[1]}") for m in re.finditer(r"block-(\d+) copy", item[:hi])
+              if m.start() >= lo]  # a held-out case by the block it copies (docs/admission.md)
     found += [(m.start(), f"{m[1]}:{m[2]}") for m in LEVEL_NAMES.finditer(item, lo, hi)]
     for pattern, name in ((NOISE_NAMES, lambda x: f"noise:{float(x):g}"), (LAG_NAMES, lambda x: f"stale:{x}")):
         for m in pattern.finditer(item, lo, hi):
@@ -277,7 +293,7 @@ def _names(item: str, lo: int, hi: int) -> list[tuple[int, str]]:
 def levels_judged():
     """Every level the reports judge (`tolerance_levels.csv`) and the held-out validation cases, with the verdict
     in the pages' words, its seeds, response cap and name as the pages write it (int8:channel, noise:0.1, stale:4;
-    a held-out case, a copy of part of the model, answers to no format's name)."""
+    a held-out case, a copy of part of the model, answers to "held-out block-N" for the block it copies)."""
     import json
 
     import pandas as pd
@@ -295,7 +311,8 @@ def levels_judged():
     levels = pd.concat([levels, same], ignore_index=True)
     validation = json.loads((ROOT / "experiments" / "validation" / "validation.json").read_text(encoding="utf-8"))
     cases = pd.DataFrame([{"pair": validation["pair"], "loss": validation["loss"], "said": case["study"],
-                           "seeds": case["seeds"], "tokens": "off", "tis": "off", "name": f"held-out {case['rollout']}"}
+                           "seeds": case["seeds"], "tokens": "off", "tis": "off",
+                           "name": f"held-out block-{case['layers']}"}
                           for case in validation["cases"]])
     return pd.concat([levels[["pair", "loss", "said", "seeds", "tokens", "tis", "name"]], cases], ignore_index=True)
 
@@ -323,14 +340,18 @@ def unsupported(claims: list[dict], levels) -> list[str]:
             rows = rows[rows.tokens == claim["length"]]
         pairs = GROUPS.get(claim["pair"], [claim["pair"]])
 
+        held = {t for t in claim["each"] if t.startswith("held-out")}  # in their own pair, loss and length: each
+        cases = {n for n in levels.name if n.startswith("held-out ")}  # of them ("the study tolerated both")
+        if not all({n for n in cases if _named(n, t)} <= set(said.name) for t in held):
+            wrong.append(f"“…{claim['claim'][-70:]}”: not every held-out case is {claim['verdict']}")
+            continue
+
         def holds(pair, tis):
-            if "held-out" in claim["each"]:  # the held-out cases, each of them ("the study tolerated both"), in
-                def cases(f):  # in their own pair, loss and length
-                    return set(f.name[f.name.str.startswith("held-out ")])
-                return cases(levels) <= cases(said)
+            if held and not claim["each"] - held:
+                return True
             there = rows[(rows.pair == pair) | (pair is None)]
             there = there[(there.tis == tis) | (tis is None)]
-            return not there.empty and all(any(_named(name, t) for name in there.name) for t in claim["each"])
+            return not there.empty and all(any(_named(name, t) for name in there.name) for t in claim["each"] - held)
 
         settings = ["2", "off"] if claim["tis"] == "both" else [claim["tis"]]
         if not (all if claim.get("every") else any)(all(holds(p, t) for t in settings) for p in pairs):
