@@ -3,7 +3,8 @@
 A verdict is said of a level with its seeds ("int3 is not tolerated on reverse-qwen3 (6 seeds)", "undecided at 16":
 `seed_claims`) or without ("int2 is not tolerated on either pair": `verdict_claims`), in the scope its sentence gives
 it (`_scope`: the pair or each pair of a group, the loss, the response length, the TIS setting) and of the levels it
-is said of (`_levels_said`). `unsupported` checks claims against every level the reports judge (`levels_judged`).
+is said of (`_levels_said`). `unsupported` checks claims against every level the reports judge (`levels_judged`); `verdict_before` gives the
+verdict a quoted interval is said under, by the same clauses.
 The reader is a heuristic over the pages' own phrasing, not a grammar: what it misses is measured by
 `tests/test_readme_numbers.py::test_a_false_claim_made_from_a_true_one_fails`.
 """
@@ -83,9 +84,25 @@ def _clause_ends(item: str, at: int) -> list[re.Match]:
     return [e for e in SENTENCE_END.finditer(item) if not any(o < e.start() < c for o, c in asides)]
 
 
+def _clause(item: str, anchor: int, after: int) -> tuple[int, int]:
+    """Where the clause holding a claim at `anchor` starts and ends (the first boundary from `after`, where the
+    claim's words end), by `_clause_ends` as seen from `anchor`."""
+    ends = _clause_ends(item, anchor)
+    return (max((e.end() for e in ends if e.end() <= anchor), default=0),
+            next((e.start() for e in ends if e.start() >= after), len(item)))
+
+
 def items(text: str) -> list[str]:
     """The page's paragraphs and list items, wrapped lines joined."""
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
+
+
+def verdict_before(text: str, at: int) -> str | None:
+    """The verdict a number quoted at `at` of `text` is said under: the last verdict word before it in its clause
+    (`_clause`), in the pages' words (None: the clause gives none)."""
+    start, _ = _clause(text, at, at)
+    words = CLAIM_VERDICT.findall(_aside_blanked(text, at), start, at)
+    return SAID.get(words[-1], words[-1]) if words else None
 
 
 def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match,
@@ -153,9 +170,8 @@ def seed_claims(text: str) -> list[dict]:
             asides = sorted(((o, c) for o, c in _parentheses(item) if o < at <= c), reverse=True)  # innermost first
             closes = [c for _, c in asides] + [len(item)]  # a clause inside a parenthesis ends where it closes
             for anchor, close in zip([at] + [o for o, _ in asides], closes):
-                ends = _clause_ends(item, anchor)
-                start = max((e.end() for e in ends if e.end() <= anchor), default=0)
-                end = min(close, next((e.start() for e in ends if e.start() >= m.end()), len(item)))
+                start, end = _clause(item, anchor, m.end())
+                end = min(close, end)
                 verdicts = list(CLAIM_VERDICT.finditer(plain, start, end))
                 if verdicts:
                     break
@@ -226,22 +242,20 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
 HYPOTHETICAL = re.compile(r"\b(?:if|whether|would|could|may|might|can|cannot|unless|where decided|taken as)\b")
 
 
-def verdict_claims(text: str) -> list[dict]:
+def verdict_claims(text: str, seeded: list[dict] | None = None) -> list[dict]:
     """Every verdict the page says of a named level without a seed count ("int2 is not tolerated on either pair",
     "the fp8 formats and int8 are tolerated on both pairs"), with its scope (`_scope`) — a verdict a seed count's
-    claim is read from (`seed_claims`) is that claim's; history, hypotheticals and verdicts of no level the parser
-    can name ("every decided level is tolerated") are skipped."""
+    claim is read from (`seeded`, the page's `seed_claims`, read here where not given) is that claim's; history,
+    hypotheticals and verdicts of no level the parser can name ("every decided level is tolerated") are skipped."""
     counted: dict = {}  # the levels, where they are named, a seed count's claim checks already
-    for c in seed_claims(text):
+    for c in seed_claims(text) if seeded is None else seeded:
         counted.setdefault(c["at"], set()).update(c["named"])
     out = []
     for item in items(text):
         for v in CLAIM_VERDICT.finditer(item):
             at = v.start()
             plain = _aside_blanked(item, at)
-            ends = _clause_ends(item, at)
-            start = max((e.end() for e in ends if e.end() <= at), default=0)
-            end = next((e.start() for e in ends if e.start() >= v.end()), len(item))
+            start, end = _clause(item, at, v.end())
             for o, c in _parentheses(item):  # a verdict in an aside is said of the aside's levels
                 if o < at <= c:
                     start, end = max(start, o + 1), min(end, c)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.claims import (PLUS_MINUS, SAID, SENTENCE, SENTENCE_END, VERDICT, WORDS, items, levels_judged, seed_claims,
-                          unsupported, verdict_claims)
+from tests.claims import (PLUS_MINUS, SENTENCE, WORDS, items, levels_judged, seed_claims, unsupported, verdict_before,
+                          verdict_claims)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
@@ -162,17 +162,10 @@ def _intervals() -> list[tuple[float, float, str, bool]]:
     return out
 
 
-def _verdict_before(text: str, at: int) -> str | None:
-    """The verdict word nearest before position `at` within its sentence (None: the sentence gives none)."""
-    start = max((m.end() for m in SENTENCE_END.finditer(text, 0, at)), default=0)
-    words = VERDICT.findall(text[start:at])
-    return SAID.get(words[-1], words[-1]) if words else None
-
-
 @pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
 def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
     """Each "estimate ± half-width" the page quotes is one interval of the reports (both numbers of the same level,
-    not each somewhere), and the verdict its sentence gives it last before the numbers ("tolerated", "not
+    not each somewhere), and the verdict its clause gives it last before the numbers ("tolerated", "not
     tolerated", "undecided") is that level's — so a claim written under an earlier design, or beside the wrong
     level, fails here. An A/A level's interval carries no verdict. A level the reports mark `marginal` (its interval
     clears a threshold by less than the evaluation's Monte-Carlo error) is said to be so in the same sentence."""
@@ -187,7 +180,7 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
         found = [(verdict, marginal) for value, hw, verdict, marginal in known
                  if _matches(m[1], value) and _matches(m[2], hw)]
         rows = [verdict for verdict, _ in found]
-        said = _verdict_before(text, m.start())
+        said = verdict_before(text, m.start())
         s0 = max((e.end() for e in SENTENCE.finditer(text, 0, m.start())), default=0)
         s1 = next((e.start() for e in SENTENCE.finditer(text, m.end())), len(text))
         if not rows:
@@ -216,7 +209,8 @@ def test_every_verdict_said_of_a_level_is_its(page, heading, reader, least):
 def _claims_unsupported(page: str, text: str) -> list[str]:
     heading = dict(CLAIM_PAGES)[page]
     section = _section(text, heading) if heading else text
-    return unsupported(seed_claims(section) + verdict_claims(section), levels_judged())
+    seeded = seed_claims(section)
+    return unsupported(seeded + verdict_claims(section, seeded), levels_judged())
 
 
 @pytest.mark.parametrize("page,right,wrong", [
