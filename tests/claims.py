@@ -97,12 +97,18 @@ def items(text: str) -> list[str]:
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
 
 
-def verdict_before(text: str, at: int) -> str | None:
-    """The verdict a number quoted at `at` of `text` is said under: the last verdict word before it in its clause
-    (`_clause`), in the pages' words (None: the clause gives none)."""
+def verdict_word_before(text: str, at: int) -> re.Match | None:
+    """The words a number quoted at `at` of `text` is said under: the last verdict before it in its clause
+    (`_clause`), other asides' words aside (None: the clause gives none)."""
     start, _ = _clause(text, at, at)
-    words = CLAIM_VERDICT.findall(_aside_blanked(text, at), start, at)
-    return SAID.get(words[-1], words[-1]) if words else None
+    words = list(CLAIM_VERDICT.finditer(_aside_blanked(text, at), start, at))
+    return words[-1] if words else None
+
+
+def verdict_before(text: str, at: int) -> str | None:
+    """`verdict_word_before`'s verdict, in the pages' words."""
+    word = verdict_word_before(text, at)
+    return SAID.get(word[0], word[0]) if word else None
 
 
 def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.claims import (PLUS_MINUS, SENTENCE, WORDS, items, levels_judged, seed_claims, unsupported, verdict_before,
-                          verdict_claims)
+                          verdict_claims, verdict_word_before)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
@@ -162,21 +162,10 @@ def _intervals() -> list[tuple[float, float, str, bool]]:
     return out
 
 
-@pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
-def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
-    """Each "estimate ± half-width" the page quotes is one interval of the reports (both numbers of the same level,
-    not each somewhere), and the verdict its clause gives it last before the numbers ("tolerated", "not
-    tolerated", "undecided") is that level's — so a claim written under an earlier design, or beside the wrong
-    level, fails here. An A/A level's interval carries no verdict. A level the reports mark `marginal` (its interval
-    clears a threshold by less than the evaluation's Monte-Carlo error) is said to be so in the same sentence."""
-    text = (ROOT / page).read_text(encoding="utf-8")
-    text = _section(text, heading) if heading else text
-    text = "\n\n".join(items(text))  # wrapped lines joined, paragraphs and items kept apart
-    known = _intervals()
-    quoted = list(PLUS_MINUS.finditer(text))
-    assert quoted, "the premise: the page quotes intervals"
+def _intervals_wrong(text: str, known: list) -> list[str]:
+    """What is wrong with the intervals `text` (items joined, `items`) quotes: see the test below."""
     wrong = []
-    for m in quoted:
+    for m in PLUS_MINUS.finditer(text):
         found = [(verdict, marginal) for value, hw, verdict, marginal in known
                  if _matches(m[1], value) and _matches(m[2], hw)]
         rows = [verdict for verdict, _ in found]
@@ -189,7 +178,43 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
             wrong.append(f"{m[0]}: said {said!r}, the reports' level is {' / '.join(sorted(set(rows)))}")
         elif all(marginal for _, marginal in found) and "marginal" not in text[s0:s1]:
             wrong.append(f"{m[0]}: a marginal verdict, not said to be")
+    return wrong
+
+
+def _page_items(page: str, heading: str | None) -> str:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    text = _section(text, heading) if heading else text
+    return "\n\n".join(items(text))  # wrapped lines joined, paragraphs and items kept apart
+
+
+@pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
+def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
+    """Each "estimate ± half-width" the page quotes is one interval of the reports (both numbers of the same level,
+    not each somewhere), and the verdict its clause gives it last before the numbers ("tolerated", "not
+    tolerated", "undecided") is that level's — so a claim written under an earlier design, or beside the wrong
+    level, fails here. An A/A level's interval carries no verdict. A level the reports mark `marginal` (its interval
+    clears a threshold by less than the evaluation's Monte-Carlo error) is said to be so in the same sentence."""
+    text = _page_items(page, heading)
+    assert PLUS_MINUS.search(text), "the premise: the page quotes intervals"
+    wrong = _intervals_wrong(text, _intervals())
     assert not wrong, f"{page}: " + "; ".join(wrong)
+
+
+FLIPPED = {"not tolerated": "tolerated", "tolerated": "not tolerated", "undecided": "tolerated",
+           "tolerates": "does not tolerate", "does not tolerate": "tolerates"}
+
+
+@pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
+def test_every_verdict_said_before_an_interval_flipped_fails(page, heading):
+    """The check above reads the verdict each interval is said under: flipping that word (tolerated ↔ not
+    tolerated, undecided → tolerated), one interval at a time, fails the page every time."""
+    text = _page_items(page, heading)
+    known = _intervals()
+    said = [w for w in (verdict_word_before(text, m.start()) for m in PLUS_MINUS.finditer(text))
+            if w is not None and w[0] in FLIPPED]
+    assert len(said) >= 5, "the premise: the page says verdicts before its intervals"
+    passed = [w for w in said if not _intervals_wrong(text[:w.start()] + FLIPPED[w[0]] + text[w.end():], known)]
+    assert not passed, f"{page}: flipped and still passing: " + "; ".join(text[w.start():w.end() + 60] for w in passed)
 
 
 @pytest.mark.parametrize("reader,least", [(seed_claims, 10), (verdict_claims, 3)], ids=["seeds", "no-seeds"])
