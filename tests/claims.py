@@ -1,16 +1,18 @@
 """Verdicts the study's pages say of levels, read from their prose and checked against the reports.
 
 A verdict is said of a level with its seeds ("int3 is not tolerated on reverse-qwen3 (6 seeds)", "undecided at 16":
-`seed_claims`) or without ("int2 is not tolerated on either pair": `verdict_claims`), in the scope its sentence gives
-it (`_scope`: the pair or each pair of a group, the loss, the response length, the TIS setting) and of the levels it
-is said of (`_levels_said`). `unsupported` checks claims against every level the reports judge (`levels_judged`); `verdict_before` gives the
-verdict a quoted interval is said under, by the same clauses.
-The reader is a heuristic over the pages' own phrasing, not a grammar: what it misses is measured by
+`seed_claims`) or without ("int2 is not tolerated on either pair": `verdict_claims`), in the scope its sentence
+gives it (`_scope`: the pair or each pair of a group, the loss, the response length, the TIS setting, the learning
+rate and β1) and of the levels it is said of (`_levels_said`). `unsupported` checks claims against every level the
+reports judge (`levels_judged`); `verdict_before` gives the verdict a quoted interval is said under, by the same
+clauses. The reader is a heuristic over the pages' own phrasing, not a grammar: what it misses is measured by
 `tests/test_readme_numbers.py::test_a_false_claim_made_from_a_true_one_fails`.
 """
 
 import re
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
@@ -54,6 +56,8 @@ CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(
 BOUNDS = re.compile(r", and |, nor |: ")  # where a verdict's subject starts at the latest (a coordinate clause)
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS|either way")
 TIS_SETTING = {"with TIS": "2", "without TIS": "off", "with and without TIS": "both", "either way": "both"}
+LR_SAID = re.compile(r"\blr (\d(?:\.\d+)?e-\d+|0\.\d+)(?![\w.-])")  # "at lr 3e-4"
+MOMENTUM_SAID = re.compile(r"without momentum|β1 (0(?:\.\d+)?)(?![\w.])")  # AdamW's β1: "β1 0.9", "without momentum"
 
 
 def _parentheses(item: str) -> list[tuple[int, int]]:
@@ -203,7 +207,8 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     (or of the item it opens; a "where under full-rkl …" contrast lends its
     loss only to its own clause), a response length named since that pair ("off" where the item says its responses
     are uncapped), with or without TIS or both ("with and without TIS", "either way"; said since `subject`, where
-    the verdict's subject starts, or after it)."""
+    the verdict's subject starts, or after it); the learning rates and β1s said since its subject, else after it up to
+    the next verdict ("tolerated at lr 3e-4 and without momentum": each, the other setting as any level has it)."""
     plain = _aside_blanked(item, at)
     pairs = list(PAIR_NAMES.finditer(plain, 0, at))
     on = re.match(r"(?:\s+under [\w-]+)?\s+on\s+", plain[after:])  # "… is tolerated (under full-rkl) on P": P
@@ -241,8 +246,16 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
         lengths = ["off"]
     said_tis = list(TIS_SAID.finditer(plain, start if subject is None else subject, at)) \
         or list(TIS_SAID.finditer(plain, at, end))[:1]
+    stop = next((w.start() for w in CLAIM_VERDICT.finditer(plain, after, end)), end)
+
+    def said(pattern):  # before the verdict since its subject, else after it up to the next verdict
+        return list(pattern.finditer(plain, start if subject is None else subject, at)) \
+            or list(pattern.finditer(plain, max(at, after), stop))
+
     return {"pair": name, "every": every, "loss": loss[0] if loss else None,
-            "length": lengths[-1] if lengths else None, "tis": TIS_SETTING[said_tis[-1][0]] if said_tis else None}
+            "length": lengths[-1] if lengths else None, "tis": TIS_SETTING[said_tis[-1][0]] if said_tis else None,
+            "lrs": {float(m[1]) for m in said(LR_SAID)},
+            "beta1s": {0.0 if m[1] is None else float(m[1]) for m in said(MOMENTUM_SAID)}}
 
 
 HYPOTHETICAL = re.compile(r"\b(?:if|whether|would|could|may|might|can|cannot|unless|where decided|taken as)\b")
@@ -322,6 +335,8 @@ def levels_judged():
     levels["said"] = levels.verdict.map(lambda v: WORDS.get(v, v))
     levels["tokens"] = levels.settings.str.extract(r"max_new_tokens (\w+)")[0]
     levels["tis"] = levels.settings.str.extract(r"tis_cap (\w+)")[0]
+    levels["lr"] = levels.settings.str.extract(r"\blr ([^,]+)")[0].astype(float)
+    levels["beta1"] = levels.settings.str.extract(r"adam_beta1 ([^,]+)")[0].astype(float)
     levels["name"] = [level if source == "format" else f"noise:{float(level):g}" if source == "noise"
                       else f"{source}:{level}" for source, level in zip(levels.source, levels.level)]
     # the other names of a level's runs ("int4:group128", "int8:channel (tis_cap off)"): the same verdict
@@ -334,7 +349,8 @@ def levels_judged():
                            "seeds": case["seeds"], "tokens": "off", "tis": "off",
                            "name": f"held-out block-{case['layers']}"}
                           for case in validation["cases"]])
-    return pd.concat([levels[["pair", "loss", "said", "seeds", "tokens", "tis", "name"]], cases], ignore_index=True)
+    return pd.concat([levels[["pair", "loss", "said", "seeds", "tokens", "tis", "lr", "beta1", "name"]], cases],
+                     ignore_index=True)
 
 
 def _named(name: str, token: str) -> bool:
@@ -366,16 +382,22 @@ def unsupported(claims: list[dict], levels) -> list[str]:
             wrong.append(f"“…{claim['claim'][-70:]}”: not every held-out case is {claim['verdict']}")
             continue
 
-        def holds(pair, tis):
+        def holds(pair, tis, optimizer):
             if held and not claim["each"] - held:
                 return True
             there = rows[(rows.pair == pair) | (pair is None)]
             there = there[(there.tis == tis) | (tis is None)]
+            for column, value in optimizer.items():
+                there = there[np.isclose(there[column], value, rtol=1e-9)]
             return not there.empty and all(any(_named(name, t) for name in there.name) for t in claim["each"] - held)
 
         settings = ["2", "off"] if claim["tis"] == "both" else [claim["tis"]]
-        if not (all if claim.get("every") else any)(all(holds(p, t) for t in settings) for p in pairs):
-            scope = " ".join(str(claim[k]) for k in ("pair", "loss", "length", "tis") if claim[k])
+        # each learning rate and each β1 said ("a lag of 1 is tolerated at lr 3e-4 and without momentum"): in each
+        optimizers = [{"lr": x} for x in claim.get("lrs", ())] + [{"beta1": x} for x in claim.get("beta1s", ())]
+        if not (all if claim.get("every") else any)(all(holds(p, t, o) for t in settings for o in optimizers or [{}])
+                                                    for p in pairs):
+            optimizer = " ".join(f"{k} {v:g}" for o in optimizers for k, v in o.items())
+            scope = " ".join([*(str(claim[k]) for k in ("pair", "loss", "length", "tis") if claim[k]), optimizer])
             named = ", ".join(sorted(claim["each"])) or "some level"
             seeds = f" at {claim['seeds']} seeds" if claim["seeds"] is not None else ""
             wrong.append(f"“…{claim['claim'][-70:]}”: not every one of {named} ({scope}) is {claim['verdict']}{seeds}")
