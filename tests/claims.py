@@ -56,8 +56,10 @@ CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(
 BOUNDS = re.compile(r", and |, nor |: ")  # where a verdict's subject starts at the latest (a coordinate clause)
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS|either way")
 TIS_SETTING = {"with TIS": "2", "without TIS": "off", "with and without TIS": "both", "either way": "both"}
-LR_SAID = re.compile(r"\blr (\d(?:\.\d+)?e-\d+|0\.\d+)(?![\w.-])")  # "at lr 3e-4"
-MOMENTUM_SAID = re.compile(r"without momentum|β1 (0(?:\.\d+)?)(?![\w.])")  # AdamW's β1: "β1 0.9", "without momentum"
+# the optimizer a verdict is said at: "at lr 3e-4", AdamW's "β1 0.9" (with the learning rate before it: one setting),
+# "without momentum" (a setting of its own: "at lr 3e-4 and without momentum" names two)
+OPTIMIZER_SAID = re.compile(r"\blr (?P<lr>\d(?:\.\d+)?e-\d+|0\.\d+)(?![\w-]|\.\d)"
+                            r"|\bβ1 (?P<beta1>0(?:\.\d+)?)(?![\w-]|\.\d)|(?P<none>without momentum)")
 
 
 def _parentheses(item: str) -> list[tuple[int, int]]:
@@ -103,10 +105,16 @@ def items(text: str) -> list[str]:
 
 def verdict_word_before(text: str, at: int) -> re.Match | None:
     """The words a number quoted at `at` of `text` is said under: the last verdict before it in its clause
-    (`_clause`), other asides' words aside (None: the clause gives none)."""
-    start, _ = _clause(text, at, at)
-    words = list(CLAIM_VERDICT.finditer(_aside_blanked(text, at), start, at))
-    return words[-1] if words else None
+    (`_clause`), other asides' words aside; for a number in a parenthesis whose own clause says none ("… is not
+    tolerated: int3:group32 (6 seeds; Δ −6.0 ± 1.2 …)"), the clause the parenthesis is in, as `seed_claims` reads a
+    count (None: none gives one)."""
+    asides = sorted(((o, c) for o, c in _parentheses(text) if o < at <= c), reverse=True)  # innermost first
+    for anchor in [at] + [o for o, _ in asides]:
+        start, _ = _clause(text, anchor, anchor)
+        words = list(CLAIM_VERDICT.finditer(_aside_blanked(text, at), start, anchor))
+        if words:
+            return words[-1]
+    return None
 
 
 def verdict_before(text: str, at: int) -> str | None:
@@ -204,11 +212,12 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     """The scope a verdict at `at` of `item` is said in (its clause `start`–`end`, the verdict's words ending at
     `after`): the pair named last before it (or, where its clause names none before it, the one it is said "on"
     after it; "on both pairs", "on either pair": each pair of the item's group, `every`), the loss of its sentence
-    (or of the item it opens; a "where under full-rkl …" contrast lends its
-    loss only to its own clause), a response length named since that pair ("off" where the item says its responses
-    are uncapped), with or without TIS or both ("with and without TIS", "either way"; said since `subject`, where
-    the verdict's subject starts, or after it); the learning rates and β1s said since its subject, else after it up to
-    the next verdict ("tolerated at lr 3e-4 and without momentum": each, the other setting as any level has it)."""
+    (or of the item it opens; a "where under full-rkl …" contrast lends its loss only to its own clause), a
+    response length named since that pair ("off" where the item says its responses are uncapped), with or without
+    TIS or both ("with and without TIS", "either way"; said since `subject`, where the verdict's subject starts, or
+    after it), and the optimizer settings (`OPTIMIZER_SAID`) said since its subject or a coordinate clause, else
+    after it up to the next verdict or coordinate clause ("tolerated at lr 3e-4 and without momentum": two settings,
+    each an lr or β1 the levels must have, the other as any level has it; "at lr 1e-3 with AdamW β1 0.9": one)."""
     plain = _aside_blanked(item, at)
     pairs = list(PAIR_NAMES.finditer(plain, 0, at))
     on = re.match(r"(?:\s+under [\w-]+)?\s+on\s+", plain[after:])  # "… is tolerated (under full-rkl) on P": P
@@ -246,16 +255,21 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
         lengths = ["off"]
     said_tis = list(TIS_SAID.finditer(plain, start if subject is None else subject, at)) \
         or list(TIS_SAID.finditer(plain, at, end))[:1]
-    stop = next((w.start() for w in CLAIM_VERDICT.finditer(plain, after, end)), end)
-
-    def said(pattern):  # before the verdict since its subject, else after it up to the next verdict
-        return list(pattern.finditer(plain, start if subject is None else subject, at)) \
-            or list(pattern.finditer(plain, max(at, after), stop))
-
+    # the optimizer: said since its subject (or a coordinate clause) before it, else after it up to the next verdict
+    # or coordinate clause
+    lo = max([start if subject is None else subject, *(b.end() for b in BOUNDS.finditer(plain, start, at))])
+    stop = min([end, *(w.start() for w in CLAIM_VERDICT.finditer(plain, after, end)),
+                *(b.start() for b in BOUNDS.finditer(plain, after, end))])
+    optimizer = list(OPTIMIZER_SAID.finditer(plain, lo, at)) or list(OPTIMIZER_SAID.finditer(plain, max(at, after), stop))
+    optimizers: list[dict] = []
+    for m in optimizer:
+        if m["beta1"] is not None and optimizers and "beta1" not in optimizers[-1]:
+            optimizers[-1]["beta1"] = float(m["beta1"])  # "at lr 1e-3 with AdamW β1 0.9": one setting
+        else:
+            optimizers.append({"lr": float(m["lr"])} if m["lr"] else {"beta1": float(m["beta1"] or 0)})
     return {"pair": name, "every": every, "loss": loss[0] if loss else None,
             "length": lengths[-1] if lengths else None, "tis": TIS_SETTING[said_tis[-1][0]] if said_tis else None,
-            "lrs": {float(m[1]) for m in said(LR_SAID)},
-            "beta1s": {0.0 if m[1] is None else float(m[1]) for m in said(MOMENTUM_SAID)}}
+            "optimizers": optimizers}
 
 
 HYPOTHETICAL = re.compile(r"\b(?:if|whether|would|could|may|might|can|cannot|unless|where decided|taken as)\b")
@@ -362,8 +376,8 @@ def _named(name: str, token: str) -> bool:
 def unsupported(claims: list[dict], levels) -> list[str]:
     """The claims no level of `levels` supports, each as a line: a claim holds where, in its loss and length, each
     level it is said of (some level, where it names none) has its verdict at its seeds — on its pair (on each pair
-    of its group said "on both pairs", else on one of them) and its TIS setting (each of the two for "with and
-    without TIS")."""
+    of its group said "on both pairs", else on one of them), its TIS setting (each of the two for "with and
+    without TIS") and each optimizer setting it is said at."""
     wrong = []
     for claim in claims:
         rows = levels[levels.said == claim["verdict"]]
@@ -392,11 +406,10 @@ def unsupported(claims: list[dict], levels) -> list[str]:
             return not there.empty and all(any(_named(name, t) for name in there.name) for t in claim["each"] - held)
 
         settings = ["2", "off"] if claim["tis"] == "both" else [claim["tis"]]
-        # each learning rate and each β1 said ("a lag of 1 is tolerated at lr 3e-4 and without momentum"): in each
-        optimizers = [{"lr": x} for x in claim.get("lrs", ())] + [{"beta1": x} for x in claim.get("beta1s", ())]
-        if not (all if claim.get("every") else any)(all(holds(p, t, o) for t in settings for o in optimizers or [{}])
+        optimizers = claim.get("optimizers") or [{}]  # each optimizer setting said: in each
+        if not (all if claim.get("every") else any)(all(holds(p, t, o) for t in settings for o in optimizers)
                                                     for p in pairs):
-            optimizer = " ".join(f"{k} {v:g}" for o in optimizers for k, v in o.items())
+            optimizer = "; ".join(" ".join(f"{k} {v:g}" for k, v in o.items()) for o in optimizers)
             scope = " ".join([*(str(claim[k]) for k in ("pair", "loss", "length", "tis") if claim[k]), optimizer])
             named = ", ".join(sorted(claim["each"])) or "some level"
             seeds = f" at {claim['seeds']} seeds" if claim["seeds"] is not None else ""
