@@ -260,7 +260,8 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     lo = max([start if subject is None else subject, *(b.end() for b in BOUNDS.finditer(plain, start, at))])
     stop = min([end, *(w.start() for w in CLAIM_VERDICT.finditer(plain, after, end)),
                 *(b.start() for b in BOUNDS.finditer(plain, after, end))])
-    optimizer = list(OPTIMIZER_SAID.finditer(plain, lo, at)) or list(OPTIMIZER_SAID.finditer(plain, max(at, after), stop))
+    optimizer = list(OPTIMIZER_SAID.finditer(plain, lo, at)) \
+        or list(OPTIMIZER_SAID.finditer(plain, max(at, after), stop))
     optimizers: list[dict] = []
     for m in optimizer:
         if m["beta1"] is not None and optimizers and "beta1" not in optimizers[-1]:
