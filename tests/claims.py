@@ -98,6 +98,15 @@ def _clause(item: str, anchor: int, after: int) -> tuple[int, int]:
             next((e.start() for e in ends if e.start() >= after), len(item)))
 
 
+def _walk_out(item: str, at: int) -> list[tuple[int, int]]:
+    """Where to look for the clause of a claim at `at`, in order, each as (anchor, where that clause ends at the
+    latest): at `at` itself, up to the innermost parenthesis's close, then — for a claim in a parenthesis whose own
+    clause says no verdict — at each parenthesis holding it, innermost first, up to the next one's close (the
+    item's end for the outermost)."""
+    asides = sorted(((o, c) for o, c in _parentheses(item) if o < at <= c), reverse=True)  # innermost first
+    return list(zip([at] + [o for o, _ in asides], [c for _, c in asides] + [len(item)]))
+
+
 def items(text: str) -> list[str]:
     """The page's paragraphs and list items, wrapped lines joined."""
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
@@ -108,8 +117,7 @@ def verdict_word_before(text: str, at: int) -> re.Match | None:
     (`_clause`), other asides' words aside; for a number in a parenthesis whose own clause says none ("… is not
     tolerated: int3:group32 (6 seeds; Δ −6.0 ± 1.2 …)"), the clause the parenthesis is in, as `seed_claims` reads a
     count (None: none gives one)."""
-    asides = sorted(((o, c) for o, c in _parentheses(text) if o < at <= c), reverse=True)  # innermost first
-    for anchor in [at] + [o for o, _ in asides]:
+    for anchor, _ in _walk_out(text, at):
         start, _ = _clause(text, anchor, anchor)
         words = list(CLAIM_VERDICT.finditer(_aside_blanked(text, at), start, anchor))
         if words:
@@ -185,9 +193,7 @@ def seed_claims(text: str) -> list[dict]:
             plain = _aside_blanked(item, at)
             # its clause; for a count in a parenthesis whose own clause says no verdict ("(mismatch_kl 0.0892; 16
             # seeds)"), the clause the parenthesis is in
-            asides = sorted(((o, c) for o, c in _parentheses(item) if o < at <= c), reverse=True)  # innermost first
-            closes = [c for _, c in asides] + [len(item)]  # a clause inside a parenthesis ends where it closes
-            for anchor, close in zip([at] + [o for o, _ in asides], closes):
+            for anchor, close in _walk_out(item, at):  # a clause inside a parenthesis ends where it closes
                 start, end = _clause(item, anchor, m.end())
                 end = min(close, end)
                 verdicts = list(CLAIM_VERDICT.finditer(plain, start, end))
