@@ -19,9 +19,10 @@ REPORTS = ROOT / "reports"
 
 PLUS_MINUS = re.compile(r"(?<![\w.])([−+-]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?![\w.]*\d)")
 VERDICT = re.compile(r"not[- ]tolerated|do(?:es)? not tolerate|tolerated|tolerates?|undecided")
+# the verb's forms → the verdict
 SAID = {"not-tolerated": "not tolerated", "does not tolerate": "not tolerated", "do not tolerate": "not tolerated",
         "tolerates": "tolerated", "tolerate": "tolerated", "is not": "not tolerated", "are not": "not tolerated",
-        "Not tolerated": "not tolerated"}  # the verb's forms → the verdict
+        "Not tolerated": "not tolerated", "Tolerated": "tolerated", "Undecided": "undecided"}
 # a new sentence (one that opens with a level or pair's name too), clause, paragraph or item; a sentence that ends in
 # a parenthesis or in bold too ("… digit.) The study …")
 SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(]|(?:reuse|stale|int\d|fp8|sort-gpt2|reverse-qwen3|smollm2)\b)"
@@ -51,8 +52,8 @@ FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\
 LEVEL_NAMES = re.compile(r"\b(stale|reuse):(\d+)")
 NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:(?:,| and| or| to) |–)\d\.\d+)*)")  # a range: its ends
 LAG_NAMES = re.compile(r"\blags? of (\d+(?:(?:,| and| or) \d+)*)")
-CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(?<![\w ])Not tolerated")  # "a lag of 4
-# is not, and int3 is not (…)", "**Not tolerated on sort-gpt2:** …"
+CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(?<![\w ])(?:Not tolerated|Tolerated|Undecided)")
+# "a lag of 4 is not, and int3 is not (…)", a heading's "**Not tolerated on sort-gpt2:** …"
 BOUNDS = re.compile(r", and |, nor |: ")  # where a verdict's subject starts at the latest (a coordinate clause)
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS|either way")
 TIS_SETTING = {"with TIS": "2", "without TIS": "off", "with and without TIS": "both", "either way": "both"}

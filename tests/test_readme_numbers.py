@@ -203,7 +203,24 @@ def test_every_interval_quoted_is_one_levels_with_its_verdict(page, heading):
 FLIPPED = {"not tolerated": "tolerated", "not-tolerated": "tolerated", "tolerated": "not tolerated",
            "undecided": "tolerated", "tolerates": "does not tolerate", "tolerate": "do not tolerate",
            "does not tolerate": "tolerates", "do not tolerate": "tolerate", "is not": "is tolerated",
-           "are not": "are tolerated"}  # every verdict form the readers take but "Not tolerated" (a heading's)
+           "are not": "are tolerated"}  # every verdict form the readers take, in lower case
+
+
+def _flipped(word: str) -> str:
+    """`word`'s verdict flipped (FLIPPED), its capital kept ("Not tolerated", a heading's, → "Tolerated")."""
+    flip = FLIPPED[word.lower()]
+    return flip[0].upper() + flip[1:] if word[0].isupper() else flip
+
+
+def test_a_headings_verdict_flipped_fails():
+    """A verdict said as a heading's ("**Not tolerated:** …", no page says one yet) is read, and flipped it fails."""
+    known = _intervals()
+    for said in ("not tolerated", "tolerated"):
+        value, hw = next((v, hw) for v, hw, verdict, marginal in known if verdict == said and not marginal)
+        text = f"**{said.capitalize()}:** a level (KL ratio {value:.3f} ± {hw:.3f} at 6 seeds)."
+        assert not _intervals_wrong(text, known), text
+        flipped = "**" + _flipped(said.capitalize()) + text[2 + len(said):]
+        assert _intervals_wrong(flipped, known), flipped
 
 
 @pytest.mark.parametrize("page,heading", INTERVAL_PAGES)
@@ -214,9 +231,9 @@ def test_every_verdict_said_before_an_interval_flipped_fails(page, heading):
     known = _intervals()
     assert not _intervals_wrong(text, known), "the premise: the page passes as it is"
     said = [w for w in (verdict_word_before(text, m.start()) for m in PLUS_MINUS.finditer(text))
-            if w is not None and w[0] in FLIPPED]
+            if w is not None and w[0].lower() in FLIPPED]
     assert len(said) >= 5, "the premise: the page says verdicts before its intervals"
-    passed = [w for w in said if not _intervals_wrong(text[:w.start()] + FLIPPED[w[0]] + text[w.end():], known)]
+    passed = [w for w in said if not _intervals_wrong(text[:w.start()] + _flipped(w[0]) + text[w.end():], known)]
     assert not passed, f"{page}: flipped and still passing: " + "; ".join(text[w.start():w.end() + 60] for w in passed)
 
 
