@@ -52,7 +52,8 @@ FORMAT_NAMES = re.compile(r"(?<![\w:-])(fp8-e4m3:\w+|fp8-e5m2:\w+|int\d:\w+|int\
 LEVEL_NAMES = re.compile(r"\b(stale|reuse):(\d+)")
 NOISE_NAMES = re.compile(r"\bnoise (?:from )?(\d\.\d+(?:(?:(?:,| and| or| to) |–)\d\.\d+)*)")  # a range: its ends
 LAG_NAMES = re.compile(r"\blags? of (\d+(?:(?:,| and| or) \d+)*)")
-CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()|(?<![\w ])(?:Not tolerated|Tolerated|Undecided)")
+CLAIM_VERDICT = re.compile(VERDICT.pattern + r"|\b(?:is|are) not(?=[,;.)]| \()"
+                           r"|(?<![\w ])(?:Not tolerated|Tolerated|Undecided)")
 # "a lag of 4 is not, and int3 is not (…)", a heading's "**Not tolerated on sort-gpt2:** …"
 BOUNDS = re.compile(r", and |, nor |: ")  # where a verdict's subject starts at the latest (a coordinate clause)
 TIS_SAID = re.compile(r"with and without TIS|without TIS|with TIS|either way")
