@@ -19,10 +19,9 @@ REPORTS = ROOT / "reports"
 
 PLUS_MINUS = re.compile(r"(?<![\w.])([−+-]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?![\w.]*\d)")
 VERDICT = re.compile(r"not[- ]tolerated|do(?:es)? not tolerate|tolerated|tolerates?|undecided")
-# the verb's forms → the verdict
+# the verb's forms → the verdict (`said_verdict`: a heading's capital aside)
 SAID = {"not-tolerated": "not tolerated", "does not tolerate": "not tolerated", "do not tolerate": "not tolerated",
-        "tolerates": "tolerated", "tolerate": "tolerated", "is not": "not tolerated", "are not": "not tolerated",
-        "Not tolerated": "not tolerated", "Tolerated": "tolerated", "Undecided": "undecided"}
+        "tolerates": "tolerated", "tolerate": "tolerated", "is not": "not tolerated", "are not": "not tolerated"}
 # a new sentence (one that opens with a level or pair's name too), clause, paragraph or item; a sentence that ends in
 # a parenthesis or in bold too ("… digit.) The study …")
 SENTENCE_END = re.compile(r"(?:\.\s+(?=[A-Z*`(]|(?:reuse|stale|int\d|fp8|sort-gpt2|reverse-qwen3|smollm2)\b)"
@@ -109,6 +108,12 @@ def _walk_out(item: str, at: int) -> list[tuple[int, int]]:
     return list(zip([at] + [o for o, _ in asides], [c for _, c in asides] + [len(item)]))
 
 
+def said_verdict(word: str) -> str:
+    """The verdict a verdict word (`CLAIM_VERDICT`'s) says, in the pages' words: "does not tolerate" → "not
+    tolerated", a heading's "Tolerated" → "tolerated"."""
+    return SAID.get(word.lower(), word.lower())
+
+
 def items(text: str) -> list[str]:
     """The page's paragraphs and list items, wrapped lines joined."""
     return re.sub(r"\s*\n\s*", " ", text.replace("\n\n", "\x00").replace("\n- ", "\x00- ")).split("\x00")
@@ -130,7 +135,7 @@ def verdict_word_before(text: str, at: int) -> re.Match | None:
 def verdict_before(text: str, at: int) -> str | None:
     """`verdict_word_before`'s verdict, in the pages' words."""
     word = verdict_word_before(text, at)
-    return SAID.get(word[0], word[0]) if word else None
+    return said_verdict(word[0]) if word else None
 
 
 def _levels_said(item: str, m: re.Match, start: int, verdict: re.Match,
@@ -210,7 +215,7 @@ def seed_claims(text: str) -> list[dict]:
                 continue  # no verdict, a bound ("up to 16 seeds") or history
             scope = _scope(item, at, start, end, verdict.end() if verdict.end() <= at else m.end())
             named = _levels_said(item, m, start, verdict, verdicts)  # (where, level)
-            out.append({"claim": item[start:max(m.end(), verdict.end())], "verdict": SAID.get(verdict[0], verdict[0]),
+            out.append({"claim": item[start:max(m.end(), verdict.end())], "verdict": said_verdict(verdict[0]),
                         "seeds": int(m[1] or m[2]), **scope, "each": {n for _, n in named}, "named": named,
                         "at": (item, verdict.start())})
     return out
@@ -328,7 +333,7 @@ def verdict_claims(text: str, seeded: list[dict] | None = None) -> list[dict]:
                 tis = TIS_SETTING[said[-1][0]] if said else scope["tis"] if not verb else None
                 by_tis.setdefault(tis, set()).add(n)
             for tis, names in by_tis.items():
-                out.append({"claim": item[start:end], "verdict": SAID.get(v[0], v[0]), "seeds": None,
+                out.append({"claim": item[start:end], "verdict": said_verdict(v[0]), "seeds": None,
                             **scope, "tis": tis, "each": names})
     return out
 
