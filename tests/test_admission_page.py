@@ -222,7 +222,7 @@ def test_the_drift_margins_are_the_reports(page, admission):
     assert said.groups() == (fmt["median"], fmt["largest"], fmt["levels"],
                              noise["median"], noise["largest"], noise["levels"])
     said = _said(_section(page, "Drift"), r"×(\S+) for formats and ×(\S+) for noise \(the pooled limit to (\S+) "
-                                          r"and (\S+),")
+                                          r"and (\S+)[,;]")
     assert said.groups() == (fmt["margin"], noise["margin"], fmt["lowered limit"], noise["lowered limit"])
 
 
