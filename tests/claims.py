@@ -267,7 +267,7 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     if not lengths and "uncapped" in item[:at]:
         lengths = ["off"]
     said_tis = list(TIS_SAID.finditer(plain, start if subject is None else subject, at)) \
-        or list(TIS_SAID.finditer(plain, at, end))[:1]
+        or list(TIS_SAID.finditer(plain, at, end))[:1] or _tis_in_aside_after(item, after)
     # the optimizer: said since its subject (or a coordinate clause) before it, else after it up to the next verdict
     # or coordinate clause
     lo = max([start if subject is None else subject, *(b.end() for b in BOUNDS.finditer(plain, start, at))])
@@ -284,6 +284,16 @@ def _scope(item: str, at: int, start: int, end: int, after: int, subject: int | 
     return {"pair": name, "every": every, "loss": loss[0] if loss else None,
             "length": lengths[-1] if lengths else None, "tis": TIS_SETTING[said_tis[-1][0]] if said_tis else None,
             "optimizers": optimizers}
+
+
+def _tis_in_aside_after(item: str, after: int) -> list[re.Match]:
+    """The TIS setting an aside right after a verdict's words (or their seed count) opens with, "… is tolerated
+    (with TIS)", "… not tolerated at 6 seeds (without TIS, …)"; not one said later in it, "(but on sort-gpt2 without
+    TIS, undecided …)", which is another claim's."""
+    aside = next((o for o, _ in sorted(_parentheses(item))
+                  if o >= after and re.fullmatch(r"\s*(?:at \d+(?: seeds?)?)?\s*", item[after:o])), None)
+    said = TIS_SAID.match(item, aside + 1) if aside is not None else None
+    return [said] if said else []
 
 
 HYPOTHETICAL = re.compile(r"\b(?:if|whether|would|could|may|might|can|cannot|unless|where decided|taken as)\b")

@@ -348,6 +348,26 @@ def test_a_verdict_told_as_history_or_as_a_bound_is_not_a_claim():
     assert (claim["loss"], claim["each"], claim["verdict"]) == ("full-rkl", {"int8"}, "tolerated")
 
 
+def test_a_tis_setting_said_in_the_aside_after_a_verdict_is_read():
+    """"… is tolerated (with TIS)": the aside right after a verdict (or its seed count) gives its TIS setting. Built
+    from every level the reports judge differently with TIS and without (each pg-rkl-is level of a pair, length):
+    said with its TIS verdict and "(with TIS)" it holds; with "(without TIS)" it fails — which it did not before the
+    aside was read (the claim then held for either setting)."""
+    levels = levels_judged()
+    pg = levels[levels.loss == "pg-rkl-is"]
+    both = pg[pg.tis == "2"].merge(pg[pg.tis == "off"], on=["pair", "name", "tokens"], suffixes=("", "_off"))
+    differ = both[(both.said != both.said_off) & ~both.name.str.startswith("A/A")]
+    assert len(differ) >= 3, "the premise: levels whose verdict TIS changes"
+    for row in differ.itertuples():
+        level = row.name.replace("noise:", "noise ")
+        rung = f" at {row.tokens} tokens" if row.tokens != "off" else ""
+        for said in (f"is {row.said} (with TIS", f"is {row.said} at {row.seeds} seeds (with TIS"):
+            text = f"On {row.pair}{rung} under pg-rkl-is {level} {said} at cap 2)."
+            assert not unsupported(seed_claims(text) + verdict_claims(text), levels), text
+            wrong = text.replace("(with TIS at cap 2", "(without TIS")
+            assert unsupported(seed_claims(wrong) + verdict_claims(wrong), levels), wrong
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/study.md", "docs/admission.md"])
 def test_the_count_of_decided_levels_quoted_is_the_headlines(page):
     """"97 of the 168 levels are decided", "71 of the 168 levels are undecided": an integer count of the study's
