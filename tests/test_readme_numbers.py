@@ -302,9 +302,9 @@ def test_a_false_claim_made_from_a_true_one_fails(page, right, wrong):
     learning rate or verdict changed (so the premise: the page passes as it is). Of 34 such edits tried on
     2026-12-06, 33 fail it (29 before the pages said their elided verdicts in full; the one that passes drops a
     TIS setting said only in an aside, read since 2026-12-07); of 30 more, written by a reviewer who had not read
-    the reader, 27 failed it, 29 after the fixes they prompted (the one left edits a hedged clause, "… are not where decided"); of 30
-    more by a third reviewer (2026-12-07), 29 failed it, all 30 once a verdict's learning rate and β1 were read
-    as part of its scope."""
+    the reader, 27 failed it, 29 after the fixes they prompted (the one left edits a hedged clause, "… are not
+    where decided"); of 30 more by a third reviewer (2026-12-07), 29 failed it, all 30 once a verdict's learning
+    rate and β1 were read as part of its scope."""
     text = (ROOT / page).read_text(encoding="utf-8")
     pattern = r"\s+".join(re.escape(word) for word in right.split(" "))  # the page's text, wrapped anywhere
     assert re.search(pattern, text), "the premise: the page says it"
