@@ -108,6 +108,15 @@ def _walk_out(item: str, at: int) -> list[tuple[int, int]]:
     return list(zip([at] + [o for o, _ in asides], [c for _, c in asides] + [len(item)]))
 
 
+def section(text: str, heading: str) -> str:
+    """A page's section: from its heading line (any level) to the next heading of the same or a higher level (an
+    h1 or a "# comment" in a code block does not end it)."""
+    m = re.search(rf"^(#+) {re.escape(heading)}\n", text, re.M)
+    assert m, f"no section {heading!r}"
+    nxt = re.search(rf"^#{{2,{len(m.group(1))}}} ", text[m.end():], re.M)
+    return text[m.start():m.end() + nxt.start() if nxt else None]
+
+
 def said_verdict(word: str) -> str:
     """The verdict a verdict word (`CLAIM_VERDICT`'s) says, in the pages' words: "does not tolerate" → "not
     tolerated", a heading's "Tolerated" → "tolerated"."""

@@ -10,18 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.claims import section
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "admission.md"
 ADMISSION = ROOT / "reports" / "admission.md"
 TRANSFER = ROOT / "reports" / "admission_transfer.md"
-
-
-def _section(text: str, heading: str) -> str:
-    """From the heading line (any level) to the next heading of the same or a higher level."""
-    m = re.search(rf"^(#+) {re.escape(heading)}\n", text, re.M)
-    assert m, f"no section {heading!r}"
-    nxt = re.search(rf"^#{{1,{len(m.group(1))}}} ", text[m.end():], re.M)
-    return text[m.start():m.end() + nxt.start() if nxt else None]
 
 
 def _table(text: str, first_header: str) -> list[dict[str, str]]:
@@ -68,7 +62,7 @@ def transfer() -> str:
 
 def _lopo(admission: str) -> dict[str, dict[str, str]]:
     """The first-step gate's leave-one-pair-out rows, by held-out pair."""
-    rows = _table(_section(admission, "Leave one pair out"), "statistic")
+    rows = _table(section(admission, "Leave one pair out"), "statistic")
     return {r["held-out pair"]: r for r in rows if r["statistic"] == "mismatch_kl"}
 
 
@@ -102,7 +96,7 @@ def test_the_leave_one_pair_out_totals_are_the_reports(page, admission):
                                                   r"right; always admitting gets (\d+) of"))
     said = _ints(_said(page, r"gets (\d+) of the (\d+) held-out levels right, against (\d+) for always admitting "
                              r"\(formats (\d+) of (\d+), noise (\d+) of (\d+)\)"))
-    groups = {r["group"]: r for r in _table(_section(admission, "mismatch_kl leaving one pair out, per source and "
+    groups = {r["group"]: r for r in _table(section(admission, "mismatch_kl leaving one pair out, per source and "
                                                                  "per response length"), "by")}
     assert said == [right, levels, admit,
                     int(groups["format"]["right"]), int(groups["format"]["levels"]),
@@ -114,36 +108,43 @@ def test_the_leave_one_pair_out_totals_are_the_reports(page, admission):
                     int(long_["always admit"])]
 
 
-@pytest.mark.parametrize("section", ["`mismatch_kl`, first step: limit per loss",
-                                     "`window:mismatch_kl`: limit per loss"])
-def test_the_limits_per_loss_are_the_reports(page, admission, section):
+def _per_loss(admission: str, heading: str) -> tuple[dict[str, str], dict[str, str]]:
+    """full-rkl's and pg-rkl-is's rows of a limit-per-loss table of the report."""
+    table = {r["loss"]: r for r in _table(section(admission, f"{heading} (`mismatch check --loss`)"), "loss")}
+    return table["full-rkl"], table["pg-rkl-is"]
+
+
+def _of(cell: str) -> list[int]:
+    """'27 of 28' → [27, 28]."""
+    return [int(x) for x in re.fullmatch(r"(\d+) of (\d+)", cell).groups()]
+
+
+def test_the_first_step_limits_per_loss_are_the_reports(page, admission):
     """Each loss's decided levels, limit, interval, held-out record, the pooled limit's and always admitting's."""
-    table = {r["loss"]: r for r in _table(_section(admission, section + " (`mismatch check --loss`)"), "loss")}
-    full, pg = table["full-rkl"], table["pg-rkl-is"]
+    full, pg = _per_loss(admission, "`mismatch_kl`, first step: limit per loss")
+    said = _said(page, r"full-rkl's (\d+) decided levels put it at (\S+), pinned to (\[\S+, \S+\]) — .*? and "
+                       r"pg-rkl-is's (\d+) at (\S+), pinned to (\[\S+, \S+\])\.")
+    assert said.groups() == (full["levels"], full["limit"], full["pinned to"],
+                             pg["levels"], pg["limit"], pg["pinned to"])
+    said = _ints(_said(page, r"full-rkl's limit gets (\d+) of its (\d+) levels right \(the pooled limit (\d+), "
+                             r"always admitting (\d+)\) and pg-rkl-is's (\d+) of (\d+) \(pooled (\d+), always "
+                             r"admitting (\d+)\)"))
+    assert said == [*_of(full["held out: right"]), _of(full["pooled, held out: right"])[0], int(full["always admit"]),
+                    *_of(pg["held out: right"]), _of(pg["pooled, held out: right"])[0], int(pg["always admit"])]
 
-    def of(cell: str) -> list[int]:
-        return [int(x) for x in re.fullmatch(r"(\d+) of (\d+)", cell).groups()]
 
-    if section.startswith("`mismatch_kl`"):
-        said = _said(page, r"full-rkl's (\d+) decided levels put it at (\S+), pinned to (\[\S+, \S+\]) — .*? and "
-                           r"pg-rkl-is's (\d+) at (\S+), pinned to (\[\S+, \S+\])\.")
-        assert said.groups() == (full["levels"], full["limit"], full["pinned to"],
-                                 pg["levels"], pg["limit"], pg["pinned to"])
-        said = _ints(_said(page, r"full-rkl's limit gets (\d+) of its (\d+) levels right \(the pooled limit (\d+), "
-                                 r"always admitting (\d+)\) and pg-rkl-is's (\d+) of (\d+) \(pooled (\d+), always "
-                                 r"admitting (\d+)\)"))
-        assert said == [*of(full["held out: right"]), of(full["pooled, held out: right"])[0], int(full["always admit"]),
-                        *of(pg["held out: right"]), of(pg["pooled, held out: right"])[0], int(pg["always admit"])]
-    else:
-        said = _said(page, r"full-rkl (\S+) \(pinned to (\[\S+, \S+\]), (\d+) levels\) and pg-rkl-is (\S+) "
-                           r"\((\[\S+, \S+\]), (\d+)\)")
-        assert said.groups() == (full["limit"], full["pinned to"], full["levels"],
-                                 pg["limit"], pg["pinned to"], pg["levels"])
-        said = _ints(_said(page, r"pg-rkl-is's own window limit gets (\d+) of its (\d+) levels right against the "
-                                 r"pooled window limit's (\d+), but full-rkl's own gets (\d+) of (\d+) against the "
-                                 r"pooled one's (\d+)"))
-        assert said == [*of(pg["held out: right"]), of(pg["pooled, held out: right"])[0],
-                        *of(full["held out: right"]), of(full["pooled, held out: right"])[0]]
+def test_the_window_limits_per_loss_are_the_reports(page, admission):
+    """Each loss's window limit, interval and decided levels, its held-out record and the pooled window limit's."""
+    full, pg = _per_loss(admission, "`window:mismatch_kl`: limit per loss")
+    said = _said(page, r"full-rkl (\S+) \(pinned to (\[\S+, \S+\]), (\d+) levels\) and pg-rkl-is (\S+) "
+                       r"\((\[\S+, \S+\]), (\d+)\)")
+    assert said.groups() == (full["limit"], full["pinned to"], full["levels"],
+                             pg["limit"], pg["pinned to"], pg["levels"])
+    said = _ints(_said(page, r"pg-rkl-is's own window limit gets (\d+) of its (\d+) levels right against the "
+                             r"pooled window limit's (\d+), but full-rkl's own gets (\d+) of (\d+) against the "
+                             r"pooled one's (\d+)"))
+    assert said == [*_of(pg["held out: right"]), _of(pg["pooled, held out: right"])[0],
+                    *_of(full["held out: right"]), _of(full["pooled, held out: right"])[0]]
 
 
 def _transfer_rows(transfer: str) -> dict[str, dict[str, str]]:
@@ -167,7 +168,7 @@ def test_the_transfer_table_is_the_reports(page, transfer):
     levels right / levels per column); "always admit" is the report's always-admitting count on those levels;
     the in-sample limit where the page gives one."""
     report = _transfer_rows(transfer)
-    rows = _table(_section(page, "One statistic across sources"), "statistic")
+    rows = _table(section(page, "One statistic across sources"), "statistic")
     assert len(rows) >= 3
     columns = ["static → lagged", "lagged → static", "leave one pair out", "in sample"]
     for row in rows:
@@ -191,8 +192,8 @@ def test_the_transfer_counts_are_the_reports(page, transfer):
     static_t, static_n, lag_t, lag_n = _ints(_said(
         transfer, r"static sources \(formats, noise, engines\) (\d+) tolerated, (\d+) not; lagged sources "
                   r"\(staleness, reuse\) (\d+) tolerated, (\d+) not"))
-    section = _section(page, "One statistic across sources")
-    said = _ints(_said(section, r"on the (\d+) decided levels of every source.*?\(static: formats, noise, engines, "
+    across = section(page, "One statistic across sources")
+    said = _ints(_said(across, r"on the (\d+) decided levels of every source.*?\(static: formats, noise, engines, "
                                 r"(\d+) tolerated and (\d+) not; lagged: staleness and reuse, (\d+) and (\d+)\)"))
     assert said == [static_t + static_n + lag_t + lag_n, static_t, static_n, lag_t, lag_n]
 
@@ -200,10 +201,10 @@ def test_the_transfer_counts_are_the_reports(page, transfer):
 def test_the_window_gate_per_pair_is_the_reports(page, transfer):
     """'right on 31 of reverse-qwen3's 32 and 23 of sort-gpt2's 41, but on 13 of smollm2-pruned's 27, where always
     admitting gets 19', against the report's per-pair table of the gate with a teacher."""
-    rows = _table(_section(transfer, "The check's gate with a teacher: `window:mismatch_kl` leaving one pair out"),
+    rows = _table(section(transfer, "The check's gate with a teacher: `window:mismatch_kl` leaving one pair out"),
                   "by")
     pairs = {r["group"]: r for r in rows if r["by"] == "pair"}
-    said = _said(_section(page, "One statistic across sources"),
+    said = _said(section(page, "One statistic across sources"),
                  r"right on (\d+) of (\S+)'s (\d+) and (\d+) of (\S+)'s (\d+), but on (\d+) of (\S+)'s (\d+), where "
                  r"always admitting gets (\d+)")
     g = said.groups()
@@ -215,13 +216,13 @@ def test_the_window_gate_per_pair_is_the_reports(page, transfer):
 def test_the_drift_margins_are_the_reports(page, admission):
     """'median 0.898 and largest 1.29 over 34 levels, weight noise 1.1 and 1.71 over 34 … ×0.694 for formats and
     ×0.641 for noise (the pooled limit to 0.0948 and 0.0877', against the report's drift-margin table."""
-    table = {r["source"]: r for r in _table(_section(admission, "Drift margin"), "source")}
+    table = {r["source"]: r for r in _table(section(admission, "Drift margin"), "source")}
     fmt, noise = table["format"], table["noise"]
-    said = _said(_section(page, "Drift"),
+    said = _said(section(page, "Drift"),
                  r"median (\S+) and largest (\S+) over (\d+) levels, weight noise (\S+) and (\S+) over (\d+);")
     assert said.groups() == (fmt["median"], fmt["largest"], fmt["levels"],
                              noise["median"], noise["largest"], noise["levels"])
-    said = _said(_section(page, "Drift"), r"×(\S+) for formats and ×(\S+) for noise \(the pooled limit to (\S+) "
+    said = _said(section(page, "Drift"), r"×(\S+) for formats and ×(\S+) for noise \(the pooled limit to (\S+) "
                                           r"and (\S+)[,;]")
     assert said.groups() == (fmt["margin"], noise["margin"], fmt["lowered limit"], noise["lowered limit"])
 
@@ -230,7 +231,7 @@ def test_each_statistic_counted_leaving_one_pair_out_is_the_reports(page, transf
     """'behind `window:mismatch_is_ratio_outside_frac` and `window:seq_kl` (81 each), `window:…` (79), …': every
     statistic the section names with a count in brackets gets that many levels right leaving one pair out."""
     report = _transfer_rows(transfer)
-    flat = re.sub(r"\s+", " ", _section(page, "One statistic across sources"))
+    flat = re.sub(r"\s+", " ", section(page, "One statistic across sources"))
     said = re.findall(r"((?:`[\w:]+`(?:,? and |, )?)+) \((\d+)(?: each)?\)", flat)
     assert len(said) >= 3, "the premise: the section names statistics with their counts"
     for names, count in said:

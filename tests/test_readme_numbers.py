@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.claims import (PLUS_MINUS, SENTENCE, WORDS, items, levels_judged, seed_claims, unsupported, verdict_before,
-                          verdict_claims, verdict_word_before)
+from tests.claims import (PLUS_MINUS, SENTENCE, WORDS, items, levels_judged, section, seed_claims, unsupported,
+                          verdict_before, verdict_claims, verdict_word_before)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
@@ -22,12 +22,6 @@ BEGIN, END = "<!-- reports/headline.md: begin -->", "<!-- reports/headline.md: e
 EXAMPLE = "A worked example on SmolLM2"  # docs/admission.md's section quoting the checks' own outputs
 MONITORED = "Two real logs, judged"  # docs/trainers.md's section quoting `mismatch monitor`'s own summaries
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d+\.\d+(?![\w.]*\d)")  # 0.233, −2.0, 1.041; not 2026-12-01, v1.2.3
-
-
-def _section(text: str, heading: str) -> str:
-    start = text.index(f"## {heading}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end >= 0 else None]
 
 
 def _normal(number: str) -> str:
@@ -87,7 +81,7 @@ def test_the_readme_quotes_the_headline_the_reports_wrote():
     assert headline.startswith(BEGIN) and headline.rstrip().endswith(END)
     first = headline[len(BEGIN):].strip().split(";")[0]  # **N of the M levels are decided** (T tolerated, R not)
     assert first.startswith("**") and " levels are decided** (" in first
-    assert first in _section((ROOT / "README.md").read_text(encoding="utf-8"), "What OPD tolerated"), (
+    assert first in section((ROOT / "README.md").read_text(encoding="utf-8"), "What OPD tolerated"), (
         "README drifted from reports/headline.md: quote its first sentence")
 
 
@@ -107,7 +101,7 @@ def test_every_number_quoted_is_in_the_reports(page, heading):
     script wrote (`experiments/admission_example/`); for the trainers page's monitored logs, in the
     monitor's own summaries (`experiments/trl_crosscheck/monitor_*.json`)."""
     text = (ROOT / page).read_text(encoding="utf-8")
-    text = _section(text, heading) if heading else text
+    text = section(text, heading) if heading else text
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):]
     quoted = [n for n in NUMBER.findall(text)]
@@ -183,7 +177,7 @@ def _intervals_wrong(text: str, known: list) -> list[str]:
 
 def _page_items(page: str, heading: str | None) -> str:
     text = (ROOT / page).read_text(encoding="utf-8")
-    text = _section(text, heading) if heading else text
+    text = section(text, heading) if heading else text
     return "\n\n".join(items(text))  # wrapped lines joined, paragraphs and items kept apart
 
 
@@ -245,7 +239,7 @@ def test_every_verdict_said_of_a_level_is_its(page, heading, reader, least):
     earlier look fails here; "int2 is not tolerated on either pair", "reverse-qwen3 does not tolerate
     int4:group32": said of a named level without a seed count, the level has it at whatever seeds it reached."""
     text = (ROOT / page).read_text(encoding="utf-8")
-    claims = reader(_section(text, heading) if heading else text)
+    claims = reader(section(text, heading) if heading else text)
     assert len(claims) >= least, "the premise: the page says verdicts of levels"
     wrong = unsupported(claims, levels_judged())
     assert not wrong, f"{page}: " + "; ".join(wrong)
@@ -253,9 +247,9 @@ def test_every_verdict_said_of_a_level_is_its(page, heading, reader, least):
 
 def _claims_unsupported(page: str, text: str) -> list[str]:
     heading = dict(CLAIM_PAGES)[page]
-    section = _section(text, heading) if heading else text
-    seeded = seed_claims(section)
-    return unsupported(seeded + verdict_claims(section, seeded), levels_judged())
+    said = section(text, heading) if heading else text
+    seeded = seed_claims(said)
+    return unsupported(seeded + verdict_claims(said, seeded), levels_judged())
 
 
 @pytest.mark.parametrize("page,right,wrong", [
