@@ -227,6 +227,23 @@ def test_the_drift_margins_are_the_reports(page, admission):
     assert said.groups() == (fmt["margin"], noise["margin"], fmt["lowered limit"], noise["lowered limit"])
 
 
+def test_each_loss_s_lowered_limit_is_the_reports(page, admission):
+    """'full-rkl's own, 0.2226, to 0.1542 and 0.1428; pg-rkl-is's own, 0.1091, to …', 'by its own first-step limit
+    0.223 (lowered by the format drift margin to 0.1545)' and '… 0.1542 with the thresholds shipped now', against the
+    report's per-loss table (the limit the check judges each loss by, lowered by each source's margin)."""
+    table = {r["loss"]: r for r in _table(section(admission, "Drift margin"), "loss")}
+    drift = section(page, "Drift")
+    for loss in ("full-rkl", "pg-rkl-is"):
+        row = table[loss]
+        assert row["fitted on"] == "its own levels", loss  # the page says "own"
+        said = _said(drift, rf"{loss}'s own, (\S+), to (\S+) and (\S+)[;)]")
+        assert said.groups() == (row["limit"], row["lowered: format"], row["lowered: noise"]), loss
+    full = table["full-rkl"]
+    said = _said(page, r"full-rkl, by its own first-step limit (\S+) \(lowered by the format drift margin to (\S+)\)")
+    assert said.groups() == (f"{float(full['limit']):.3g}", full["lowered: format"])
+    assert _said(page, r"(\S+) with the thresholds shipped now").group(1) == full["lowered: format"]
+
+
 def test_each_statistic_counted_leaving_one_pair_out_is_the_reports(page, transfer):
     """'behind `window:mismatch_is_ratio_outside_frac` and `window:seq_kl` (81 each), `window:…` (79), …': every
     statistic the section names with a count in brackets gets that many levels right leaving one pair out."""

@@ -10,7 +10,8 @@ kept: a run stopped mid-way (a session's end) is left out rather than committed 
 STUDY`, only the OPD runs of that study file's plan are kept (its clean twins too); with `--hold-out STUDY`, its
 mismatched runs are left out (its clean twins are kept: they are the other studies' too). The held-out cases of
 the admission check (sweeps/validation.toml) share a results directory with the study and must stay out of the
-thresholds' fit:
+thresholds' fit (`--hold-out` may be given again: a level whose look is not yet whole is left out the same way,
+by a study file holding its block):
 
     .venv/bin/python experiments/study_data/compact.py results/study experiments/study_data/study.parquet \
         --finished --hold-out sweeps/validation.toml
@@ -47,7 +48,7 @@ def study_runs(path: str | Path, mismatched_only: bool = False) -> set[str]:
 
 
 def main(source: str, target: str, finished: bool = False, only: str | None = None,
-         hold_out: str | None = None) -> None:
+         hold_out: list[str] | None = None) -> None:
     rows = read_results(source)
     opd = rows["kind"] == "opd"
     if finished:
@@ -56,8 +57,9 @@ def main(source: str, target: str, finished: bool = False, only: str | None = No
     if only is not None:
         rows = rows[opd & rows["run_id"].isin(study_runs(only))]
         opd = rows["kind"] == "opd"
-    if hold_out is not None:
-        rows = rows[~opd | ~rows["run_id"].isin(study_runs(hold_out, mismatched_only=True))]
+    for study in hold_out or []:
+        rows = rows[~opd | ~rows["run_id"].isin(study_runs(study, mismatched_only=True))]
+        opd = rows["kind"] == "opd"
     rows = canonical_order(rows)
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), target, compression="zstd", compression_level=9)
@@ -70,6 +72,7 @@ if __name__ == "__main__":
     parser.add_argument("target")
     parser.add_argument("--finished", action="store_true", help="keep only the OPD runs the ledger records as done")
     parser.add_argument("--only", metavar="STUDY", help="keep only the OPD runs this study file plans")
-    parser.add_argument("--hold-out", metavar="STUDY", help="leave out the mismatched OPD runs this study file plans")
+    parser.add_argument("--hold-out", metavar="STUDY", action="append",
+                        help="leave out the mismatched OPD runs this study file plans (may be given again)")
     args = parser.parse_args()
     main(args.source, args.target, args.finished, args.only, args.hold_out)

@@ -205,6 +205,25 @@ def _drift_lines(t: Thresholds) -> list[str]:
         tol = sum(bool(p["tolerated"]) for p in moved)
         lines.append(f"| {source} | {d['levels']} | {d['median']:.3g} | {d['largest']:.3g} | {d['margin']:.3g} | "
                      f"{low:.3g} | {tol} | {len(moved) - tol} |")
+    return lines + _lowered_per_loss(t)
+
+
+def _lowered_per_loss(t: Thresholds) -> list[str]:
+    """The first-step limit `mismatch check` judges each loss's trainer by (`Thresholds.for_loss`: the loss's
+    own, or the pooled one) and that limit lowered by each static source's drift margin, as the check lowers it."""
+    if not t.loss_limits:
+        return []
+    sources = sorted(t.drift)
+    lines = ["", "The first-step limit the check judges each loss's trainer by (its own, or the pooled one where its "
+             "own does not predict its held-out levels as well), lowered by each source's margin as the check "
+             "lowers it:", "",
+             "| loss | limit | fitted on | " + " | ".join(f"lowered: {s}" for s in sources) + " |",
+             "|---|---|---|" + "---|" * len(sources)]
+    for loss in sorted(t.loss_limits):
+        limit = t.for_loss(loss)[0]
+        fitted_on = "its own levels" if t.own_limit(loss) is not None else "every loss's levels"
+        lines.append(f"| {loss} | {limit:.4g} | {fitted_on} | "
+                     + " | ".join(f"{limit * t.drift[s]['margin']:.4g}" for s in sources) + " |")
     return lines
 
 

@@ -56,6 +56,29 @@ def test_the_drift_margin_section_counts_the_decided_levels_it_would_make_uncert
     assert "| mismatch_kl (deciding gate) | 0.0731 | [0.07, 0.0763] |" in windowed
 
 
+def test_the_drift_margin_section_lowers_the_limit_each_loss_is_judged_by():
+    """Per loss, the first-step limit the check uses — the loss's own where, leaving one pair out, it predicts the
+    loss's levels at least as well as the pooled one, else the pooled one — times each source's margin."""
+    from mismatch.admission.thresholds import Thresholds
+    from mismatch.report.admission import admission_markdown
+
+    def own(limit, right, pooled_right):
+        return {"limit": limit, "bracket": [limit / 2, limit * 2], "levels": 8, "not_tolerated": 4,
+                "response_tokens": [8.0, 32.0], "held_out_levels": 8, "held_out_right": right,
+                "pooled_held_out_levels": 8, "pooled_held_out_right": pooled_right, "always_admit_right": 4}
+
+    t = Thresholds(primary="mismatch_kl", limits={"mismatch_kl": 0.1}, brackets={"mismatch_kl": [0.06, 0.2]},
+                   points=[], validation=[], lagged=[], provenance={"results": ["hand-made"]},
+                   drift={"format": {"levels": 6, "median": 0.9, "largest": 1.8, "margin": 0.5},
+                          "noise": {"levels": 5, "median": 1.0, "largest": 4.0, "margin": 0.25}},
+                   loss_limits={"a": own(0.2, 7, 6), "b": own(0.3, 5, 6)})
+    text = admission_markdown(t)
+    # a keeps its own 0.2 (7 right against the pooled 6): 0.1 and 0.05; b predicts worse: the pooled 0.1 lowered
+    assert "| a | 0.2 | its own levels | 0.1 | 0.05 |" in text
+    assert "| b | 0.1 | every loss's levels | 0.05 | 0.025 |" in text
+    assert "| loss |" not in admission_markdown(Thresholds(**{**t.__dict__, "loss_limits": {}}))
+
+
 def test_leaving_one_pair_out_on_the_kl_ratio_alone_relabels_levels_an_accuracy_criterion_failed():
     from mismatch.admission.thresholds import Thresholds
     from mismatch.report.admission import admission_markdown
